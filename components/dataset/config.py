@@ -1,0 +1,41 @@
+"""Where the training prompts come from."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from components.config_base import Section
+
+DEFAULT_PROMPTS = [
+    "a red apple on a wooden table",
+    "a lighthouse on a cliff at dusk",
+    "a cat sleeping on a blue sofa",
+    "a bowl of ramen, studio lighting",
+    "a snowy mountain village at night",
+    "a vintage car parked in the rain",
+    "a field of sunflowers under a clear sky",
+    "a robot reading a newspaper",
+]
+
+
+class DataConfig(Section):
+    prompts: list[str] | None = Field(
+        default_factory=lambda: list(DEFAULT_PROMPTS),
+        description="inline training prompts; set to null when `path` is used",
+    )
+    path: str | None = Field(
+        default=None,
+        description="local .txt (one prompt per line) or .jsonl (a `prompt` field per line) file",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if (self.prompts is None) == (self.path is None):
+            raise ValueError("set exactly one of data.prompts and data.path")
+        if self.prompts is not None:
+            if not self.prompts:
+                raise ValueError("data.prompts is empty")
+            for i, p in enumerate(self.prompts):
+                if not p.strip():
+                    raise ValueError(f"data.prompts.{i} is empty")
+        return self

@@ -1,0 +1,25 @@
+"""Exceptions a user can act on. The CLI prints their message as one line and exits non-zero."""
+
+
+class FlowGRPOError(Exception):
+    """Base class for errors caused by input the user controls."""
+
+
+class ConfigError(FlowGRPOError):
+    """An experiment config that cannot be read or does not validate."""
+
+
+class ModelLoadError(FlowGRPOError):
+    """A model that cannot be built or loaded."""
+
+
+class DataError(FlowGRPOError):
+    """Prompts or other data that cannot be used."""
+
+
+class RewardError(FlowGRPOError):
+    """A reward that cannot be built or that failed where failure is not allowed."""
+
+
+class CheckpointError(FlowGRPOError):
+    """A checkpoint that is missing, incomplete or does not match the config."""

@@ -1,0 +1,156 @@
+"""Typed settings of a FlowGRPO training job. Defaults equal `pipeline/configs/tiny-cpu.yaml`.
+
+The reasons behind the tiny defaults are written in that file's comments.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from components.config_base import Section
+from components.dataset.config import DataConfig
+from components.rewards.config import Aggregation, RewardSpec
+
+# The tiny model's LoRA also adapts the feed-forward layers and the output projection: with attention
+# alone a random 2-layer transformer cannot move the image statistics far (see tiny-cpu.yaml).
+TINY_LORA_TARGETS = [
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+    "ff.net.0.proj", "ff.net.2", "proj_out",
+]
+
+
+class LoRAConfig(Section):
+    rank: int = Field(default=8, ge=1, description="LoRA rank r")
+    alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (scale = alpha / rank)")
+    init: Literal["gaussian", "default"] = Field(default="gaussian", description="peft init_lora_weights")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(TINY_LORA_TARGETS), min_length=1,
+        description="module-name suffixes of the transformer to adapt",
+    )
+
+
+class ModelConfig(Section):
+    kind: Literal["tiny-sd3", "diffusers"] = Field(
+        default="tiny-sd3",
+        description="`tiny-sd3`: random SD3-shaped pipeline built from config; `diffusers`: load `path`",
+    )
+    path: str | None = Field(default=None, description="local diffusers pipeline directory (kind=diffusers)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="model weights dtype")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto`: cuda when available")
+    resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+
+    @model_validator(mode="after")
+    def _path_matches_kind(self) -> ModelConfig:
+        if self.kind == "diffusers" and not self.path:
+            raise ValueError("model.path is required when model.kind is 'diffusers'")
+        if self.kind == "tiny-sd3" and self.path:
+            raise ValueError("model.path is only read when model.kind is 'diffusers'; remove it or change the kind")
+        if self.resolution % 16:
+            raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
+        return self
+
+
+class SDEWindowConfig(Section):
+    size: int = Field(ge=1, description="number of consecutive SDE steps")
+    range: tuple[int, int] = Field(description="inclusive range [lo, hi] of the window's first step")
+
+
+class SamplingConfig(Section):
+    num_steps: int = Field(default=10, ge=2, le=1000, description="sampling steps during training rollouts")
+    eval_num_steps: int = Field(default=20, ge=1, le=1000, description="ODE steps for evaluation sampling")
+    guidance_scale: float = Field(default=1.0, ge=1.0, description="classifier-free guidance; 1 disables CFG")
+    noise_level: float = Field(default=0.7, gt=0, le=10, description="SDE noise level a")
+    sde_type: Literal["sde", "cps"] = Field(default="sde", description="FLOWGRPO.md section 1 or 2")
+    group_size: int = Field(default=8, ge=1, description="images per prompt (K)")
+    prompts_per_epoch: int = Field(default=8, ge=1, description="prompt groups sampled per epoch")
+    batch_size: int = Field(default=16, ge=1, description="images per sampling forward pass")
+    sde_window: SDEWindowConfig | None = Field(default=None, description="Flow-GRPO-Fast: SDE only on a window")
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplingConfig:
+        if self.sde_window is not None:
+            lo, hi = self.sde_window.range
+            last = self.num_steps - self.sde_window.size
+            if not 0 <= lo <= hi <= last:
+                raise ValueError(
+                    f"sampling.sde_window.range must satisfy 0 <= lo <= hi <= num_steps - size = {last}, "
+                    f"got [{lo}, {hi}]"
+                )
+        return self
+
+
+class EMAConfig(Section):
+    enabled: bool = Field(default=False, description="keep an EMA of the LoRA weights for saving and eval")
+    decay: float = Field(default=0.9, gt=0, lt=1)
+    update_every: int = Field(default=8, ge=1, description="optimizer steps between EMA updates")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(default=40, ge=1, description="rollout + update rounds")
+    learning_rate: float = Field(default=3e-3, gt=0, le=1)
+    adam_betas: tuple[float, float] = Field(default=(0.9, 0.999))
+    weight_decay: float = Field(default=1e-4, ge=0)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    batch_size: int = Field(default=16, ge=1, description="samples per training micro-batch")
+    gradient_accumulation_steps: int = Field(default=1, ge=1, description="micro-batches per optimizer step")
+    inner_epochs: int = Field(default=1, ge=1, description="passes over each epoch's samples")
+    clip_range: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip epsilon")
+    adv_clip_max: float = Field(default=5.0, gt=0)
+    global_std: bool = Field(default=True, description="normalise advantages by the batch std, not the group's")
+    beta: float = Field(default=0.0, ge=0, description="KL weight to the adapter-disabled model")
+    timestep_fraction: float = Field(default=0.99, gt=0, le=1, description="share of the steps trained on")
+    train_cfg: bool = Field(default=False, description="repeat CFG in the training forward")
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    ema: EMAConfig = Field(default_factory=EMAConfig)
+    checkpoint_every: int = Field(default=10, ge=1, description="epochs between checkpoints (the last is kept too)")
+
+
+class TrainingJobConfig(Section):
+    """Everything the trainer reads. The pipeline's experiment config extends it."""
+
+    seed: int = Field(default=0, ge=0, description="seeds the tiny model, prompt order, noise and LoRA init")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="brightness")], min_length=1,
+        description="training rewards",
+    )
+    reward_aggregation: Aggregation = Field(default="sum", description="how several rewards combine")
+    data: DataConfig = Field(default_factory=DataConfig)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> TrainingJobConfig:
+        s, t = self.sampling, self.train
+        if s.group_size < 2:
+            hint = "" if t.global_std else " (with train.global_std false even its std is undefined)"
+            raise ValueError(
+                f"sampling.group_size must be at least 2, got {s.group_size}: advantages are relative to the "
+                f"prompt's group, so a group of one always has advantage 0{hint}"
+            )
+        n = s.prompts_per_epoch * s.group_size
+        for key, size in (("sampling.batch_size", s.batch_size), ("train.batch_size", t.batch_size)):
+            if n % size:
+                raise ValueError(
+                    f"{key} ({size}) must divide the samples per epoch "
+                    f"({n} = sampling.prompts_per_epoch {s.prompts_per_epoch} x sampling.group_size {s.group_size})"
+                )
+        micro = n // t.batch_size
+        if micro % t.gradient_accumulation_steps:
+            raise ValueError(
+                f"train.gradient_accumulation_steps ({t.gradient_accumulation_steps}) must divide the micro-batches "
+                f"per epoch ({micro} = {n} samples / train.batch_size {t.batch_size})"
+            )
+        if t.train_cfg and s.guidance_scale == 1.0:
+            raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
+        names = [r.name for r in self.rewards]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ValueError(f"rewards.{i}.name: reward {name!r} is listed twice")
+        if self.reward_aggregation == "gdpo" and len(self.rewards) < 2:
+            raise ValueError("reward_aggregation 'gdpo' needs at least two rewards; use 'sum' for one")
+        return self

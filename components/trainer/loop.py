@@ -1,0 +1,279 @@
+"""The single-process FlowGRPO driver: rollout -> score -> advantages -> update -> checkpoint -> log."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from components.dataset.prompts import load_prompts
+from components.errors import CheckpointError, DataError
+from components.rewards.scoring import RewardSet
+from components.trainer import checkpoint as ckpt
+from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
+from components.trainer.config import TrainingJobConfig
+from components.trainer.ema import LoRAEMA
+from components.trainer.metrics import MetricsFile, progress_line
+from components.trainer.models import FlowMatchingModel, load_model
+from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.trainer.update import UpdateSettings, policy_update
+
+FINAL_LORA_DIR = "lora"
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    history: list[dict]
+    lora_dir: Path
+
+    def learning_summary(self) -> dict[str, float]:
+        """First-epoch mean and per-sample std, last-3-epoch mean, and whether it beat mean + std / 2."""
+        first = self.history[0]
+        last3 = statistics.fmean(row["reward/mean"] for row in self.history[-3:])
+        threshold = first["reward/mean"] + first["reward/std"] / 2
+        return {"first_mean": first["reward/mean"], "first_std": first["reward/std"],
+                "last3_mean": last3, "threshold": threshold, "learned": last3 > threshold}
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _epoch_generators(seed: int, epoch: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    """(sampling-noise generator on the model device, CPU generator for prompt order and shuffles).
+
+    Derived from (seed, epoch) alone, so a resumed run draws exactly what an uninterrupted one would.
+    """
+    base = seed * 1_000_003 + epoch
+    return torch.Generator(device).manual_seed(base), torch.Generator().manual_seed(base + 500_000)
+
+
+def _epoch_prompts(prompts: list[str], n: int, generator: torch.Generator) -> list[str]:
+    order: list[int] = []
+    while len(order) < n:
+        order += torch.randperm(len(prompts), generator=generator).tolist()
+    return [prompts[i] for i in order[:n]]
+
+
+def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> SamplerSettings:
+    s = config.sampling
+    window = None
+    if s.sde_window is not None:
+        lo, hi = s.sde_window.range
+        window = (int(torch.randint(lo, hi + 1, (1,), generator=generator)), s.sde_window.size)
+    sde_steps, train_steps = plan_steps(s.num_steps, config.train.timestep_fraction, window)
+    return SamplerSettings(
+        num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level, sde_type=s.sde_type,
+        resolution=config.model.resolution, sde_steps=sde_steps, train_steps=train_steps,
+    )
+
+
+def _update_settings(config: TrainingJobConfig) -> UpdateSettings:
+    t = config.train
+    return UpdateSettings(
+        batch_size=t.batch_size, gradient_accumulation_steps=t.gradient_accumulation_steps,
+        inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
+        guidance_scale=config.sampling.guidance_scale if t.train_cfg else 1.0,
+    )
+
+
+def _fingerprint(config: TrainingJobConfig) -> dict:
+    """The config a checkpoint must match to be resumed; the epoch count may grow."""
+    data = config.model_dump(mode="json")
+    data["train"].pop("epochs")
+    data["train"].pop("checkpoint_every")
+    return data
+
+
+def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += _diff_keys(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def score_rollout(rewards: RewardSet, rollout: Rollout) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    prompts = [rollout.prompts[i] for i in rollout.prompt_index.tolist()]
+    outputs = rewards.score(rollout.images, prompts, [{} for _ in prompts])
+    per_reward = {name: out.scores for name, out in outputs.items()}
+    return per_reward, rewards.combine(outputs)
+
+
+def rollout_advantages(
+    config: TrainingJobConfig, rewards: RewardSet, per_reward: dict[str, np.ndarray], combined: np.ndarray,
+    group_ids: torch.Tensor,
+) -> torch.Tensor:
+    t = config.train
+    kw = {"global_std": t.global_std, "clip": t.adv_clip_max}
+    if config.reward_aggregation == "gdpo":
+        tensors = {k: torch.from_numpy(v).float() for k, v in per_reward.items()}
+        return gdpo_advantages(tensors, rewards.weights, group_ids.cpu(), **kw)
+    return compute_advantages(torch.from_numpy(combined).float(), group_ids.cpu(), **kw)
+
+
+def _epoch_metrics(per_reward: dict[str, np.ndarray], combined: np.ndarray, advantages: torch.Tensor,
+                   group_ids: torch.Tensor) -> dict[str, float]:
+    def stats(x: np.ndarray) -> tuple[float, float]:
+        ok = x[np.isfinite(x)]
+        return (float(ok.mean()), float(ok.std())) if ok.size else (float("nan"), float("nan"))
+
+    row: dict[str, float] = {}
+    row["reward/mean"], row["reward/std"] = stats(combined)
+    for name, scores in per_reward.items():
+        row[f"reward/{name}/mean"], row[f"reward/{name}/std"] = stats(scores)
+    row.update(group_statistics(torch.from_numpy(combined), group_ids.cpu()))
+    row["advantage/mean"] = float(advantages.mean())
+    row["advantage/abs_mean"] = float(advantages.abs().mean())
+    row["advantage/max"] = float(advantages.max())
+    row["advantage/min"] = float(advantages.min())
+    return row
+
+
+class Trainer:
+    """Owns the model, optimizer and EMA for one run and writes everything under ``output_dir``."""
+
+    def __init__(self, config: TrainingJobConfig, output_dir: Path, log: Callable[[str], None] = _stderr) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.config = config
+        self.output_dir = Path(output_dir)
+        self.log = log
+        self.prompts = load_prompts(config.data)
+        if len(self.prompts) < 1:
+            raise DataError("no training prompts")
+        self.rewards = RewardSet.from_specs(config.rewards)
+        self.model: FlowMatchingModel = load_model(config.model, config.seed)
+        device = self.model.device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(config.seed)
+            self.params = self.model.add_lora(config.model.lora)
+        t = config.train
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=t.learning_rate, betas=t.adam_betas, weight_decay=t.weight_decay, eps=t.adam_eps,
+        )
+        self.ema = LoRAEMA(self.params, t.ema.decay, t.ema.update_every) if t.ema.enabled else None
+        self.epoch = 0
+        self.optimizer_step = 0
+        self.metrics = MetricsFile(self.output_dir / "metrics.jsonl")
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _save_lora(self, directory: Path) -> None:
+        if self.ema is None:
+            self.model.save_lora(directory)
+        else:
+            with self.ema.applied(self.params):
+                self.model.save_lora(directory)
+
+    def save_checkpoint(self) -> Path:
+        state = ckpt.TrainerState(
+            epoch=self.epoch, optimizer_step=self.optimizer_step,
+            lora=[p.detach().cpu().clone() for p in self.params], optimizer=self.optimizer.state_dict(),
+            ema=self.ema.state_dict() if self.ema else None, rng=torch.get_rng_state(),
+            config_fingerprint=_fingerprint(self.config),
+        )
+        return ckpt.write_checkpoint(self.output_dir, state, self._save_lora)
+
+    def resume(self) -> None:
+        path = ckpt.latest_checkpoint(self.output_dir)
+        if path is None:
+            raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.checkpoint_root(self.output_dir)}")
+        state = ckpt.read_checkpoint(path)
+        changed = _diff_keys(state.config_fingerprint, _fingerprint(self.config))
+        if changed:
+            raise CheckpointError(
+                f"--resume: the config differs from the checkpoint's in {', '.join(changed)} "
+                "(only train.epochs and train.checkpoint_every may change)"
+            )
+        with torch.no_grad():
+            for p, saved in zip(self.params, state.lora, strict=True):
+                p.copy_(saved.to(p.device))
+        self.optimizer.load_state_dict(state.optimizer)
+        if self.ema is not None:
+            self.ema.load_state_dict(state.ema)
+        torch.set_rng_state(state.rng)
+        self.epoch, self.optimizer_step = state.epoch, state.optimizer_step
+        self.metrics.truncate_after(self.epoch)
+        self.log(f"resumed from {path} (epoch {self.epoch}, optimizer step {self.optimizer_step})")
+
+    # -- one epoch ---------------------------------------------------------------------------------
+    def run_epoch(self) -> dict[str, float]:
+        cfg = self.config
+        noise_gen, cpu_gen = _epoch_generators(cfg.seed, self.epoch, self.model.device)
+        prompts = _epoch_prompts(self.prompts, cfg.sampling.prompts_per_epoch, cpu_gen)
+        sampler = _sampler_settings(cfg, cpu_gen)
+
+        t0 = time.perf_counter()
+        rollout = sample_rollout(self.model, prompts, cfg.sampling.group_size, cfg.sampling.batch_size, sampler,
+                                 noise_gen)
+        t1 = time.perf_counter()
+        per_reward, combined = score_rollout(self.rewards, rollout)
+        t2 = time.perf_counter()
+        advantages = rollout_advantages(cfg, self.rewards, per_reward, combined, rollout.prompt_index)
+        update_metrics, self.optimizer_step = policy_update(
+            self.model, self.optimizer, self.params, rollout, advantages, sampler, _update_settings(cfg), cpu_gen,
+            self.ema, self.optimizer_step,
+        )
+        t3 = time.perf_counter()
+
+        self.epoch += 1
+        row = {"epoch": self.epoch, **_epoch_metrics(per_reward, combined, advantages, rollout.prompt_index)}
+        row.update(update_metrics)
+        row.update({
+            "lr": self.optimizer.param_groups[0]["lr"], "optimizer_step": self.optimizer_step,
+            "time/sampling": t1 - t0, "time/scoring": t2 - t1, "time/training": t3 - t2,
+            "images_per_s": len(rollout) / (t3 - t0),
+        })
+        return row
+
+    def fit(self) -> TrainResult:
+        cfg = self.config
+        total = cfg.train.epochs
+        if self.epoch >= total:
+            self.log(f"nothing to do: {self.epoch} of {total} epochs already done")
+        started = time.perf_counter()
+        first_epoch = self.epoch
+        while self.epoch < total:
+            row = self.run_epoch()
+            self.metrics.append(row)
+            rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
+            self.log(progress_line(row, total, rate * (total - self.epoch)))
+            if self.epoch % cfg.train.checkpoint_every == 0 or self.epoch == total:
+                self.save_checkpoint()
+        lora_dir = self.output_dir / FINAL_LORA_DIR
+        self._save_lora(lora_dir)
+        return TrainResult(self.output_dir, self.metrics.read(), lora_dir)
+
+
+def train(config: TrainingJobConfig, output_dir: Path, *, resume: bool = False,
+          log: Callable[[str], None] = _stderr) -> TrainResult:
+    """Train to ``config.train.epochs``; with ``resume`` continue from the newest checkpoint."""
+    output_dir = Path(output_dir)
+    if not resume and ckpt.latest_checkpoint(output_dir) is not None:
+        raise CheckpointError(
+            f"{output_dir} already holds checkpoints; pass --resume to continue that run or choose another --output"
+        )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(_dump_yaml(config))
+    trainer = Trainer(config, output_dir, log=log)
+    if resume:
+        trainer.resume()
+    elif trainer.metrics.path.exists():
+        trainer.metrics.path.unlink()
+    return trainer.fit()
+
+
+def _dump_yaml(config: TrainingJobConfig) -> str:
+    import yaml
+
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

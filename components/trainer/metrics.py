@@ -1,0 +1,48 @@
+"""Per-epoch metrics: a JSONL file and a one-line progress report."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class MetricsFile:
+    """``metrics.jsonl``: one JSON object per epoch, flushed as soon as the epoch ends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate_after(self, epoch: int) -> list[dict]:
+        """Drop rows of epochs after ``epoch`` (they are re-run on resume); returns the rows kept."""
+        kept = [row for row in self.read() if row["epoch"] <= epoch]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        return kept
+
+    def append(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def progress_line(row: dict, total_epochs: int, eta_seconds: float) -> str:
+    def f(key: str, fmt: str = ".4g") -> str:
+        value = row.get(key, math.nan)
+        return format(value, fmt)
+
+    return (
+        f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean')} ± {f('reward/std', '.3g')}"
+        f" | loss {f('policy_loss', '.3g')} kl {f('kl', '.3g')} clipfrac {f('clipfrac', '.3f')}"
+        f" | {f('images_per_s', '.1f')} img/s | sample {f('time/sampling', '.2f')}s"
+        f" score {f('time/scoring', '.2f')}s train {f('time/training', '.2f')}s | eta {_duration(eta_seconds)}"
+    )

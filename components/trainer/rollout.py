@@ -1,0 +1,121 @@
+"""Rollouts: K images per prompt sampled with the SDE, with the trajectory FlowGRPO trains on
+(FLOWGRPO.md section 3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
+from components.trainer.sde import euler_step, sde_step_with_logprob
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    num_steps: int
+    guidance_scale: float
+    noise_level: float
+    sde_type: str
+    resolution: int
+    sde_steps: tuple[int, ...]  # steps that inject noise; the others are Euler (ODE) steps
+    train_steps: tuple[int, ...]  # subset of sde_steps whose transitions are stored for training
+
+
+def plan_steps(
+    num_steps: int, timestep_fraction: float, window: tuple[int, int] | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(sde_steps, train_steps): all steps / the first fraction, or the window for both."""
+    if window is not None:
+        start, size = window
+        steps = tuple(range(start, start + size))
+        return steps, steps
+    n_train = max(1, int(num_steps * timestep_fraction))
+    return tuple(range(num_steps)), tuple(range(n_train))
+
+
+@dataclass
+class Rollout:
+    """Samples of one epoch. Embeddings are stored once per prompt and indexed per sample."""
+
+    prompts: list[str]
+    embeds: PromptEmbeddings  # one row per prompt
+    prompt_index: torch.Tensor  # (B,) long: the sample's prompt, also its GRPO group
+    sigmas: torch.Tensor  # (T,) noise level before each stored step
+    sigmas_next: torch.Tensor  # (T,)
+    latents: torch.Tensor  # (B, T, *latent) x_t before each stored step, float32
+    next_latents: torch.Tensor  # (B, T, *latent) x_{t+1} after it
+    log_probs: torch.Tensor  # (B, T) float32
+    images: torch.Tensor  # (B, 3, H, W) float32 in [0, 1], on CPU
+
+    def __len__(self) -> int:
+        return self.prompt_index.shape[0]
+
+
+def step_log_prob(
+    model: FlowMatchingModel, rollout: Rollout, sample_idx: torch.Tensor, t: int, settings: SamplerSettings,
+    guidance_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-prob of the stored transition ``t`` of samples ``sample_idx`` under the current weights.
+
+    Returns ``(log_prob, mean, std_dev_t)``; differentiable through ``mean``.
+    """
+    x = rollout.latents[sample_idx, t]
+    cond = rollout.embeds.select(rollout.prompt_index[sample_idx])
+    sigma, sigma_next = float(rollout.sigmas[t]), float(rollout.sigmas_next[t])
+    v = model.predict_velocity(x, sigma, cond, guidance_scale)
+    _, log_prob, mean, std_dev_t = sde_step_with_logprob(
+        v, sigma, sigma_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
+        prev_sample=rollout.next_latents[sample_idx, t],
+    )
+    return log_prob, mean, std_dev_t
+
+
+@torch.no_grad()
+def sample_rollout(
+    model: FlowMatchingModel,
+    prompts: list[str],
+    group_size: int,
+    batch_size: int,
+    settings: SamplerSettings,
+    generator: torch.Generator,
+) -> Rollout:
+    """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass."""
+    embeds = model.encode_prompts(prompts)
+    prompt_index = torch.arange(len(prompts), device=model.device).repeat_interleave(group_size)
+    sigmas = model.sigmas(settings.num_steps, settings.resolution)
+    shape = model.latent_shape(settings.resolution)
+    sde_steps, train_steps = set(settings.sde_steps), settings.train_steps
+
+    latents, next_latents, log_probs, images = [], [], [], []
+    for idx in prompt_index.split(batch_size):
+        cond = embeds.select(idx)
+        x = torch.randn((len(idx), *shape), generator=generator, device=model.device, dtype=torch.float32)
+        before, after, lps = [], [], []
+        for i in range(settings.num_steps):
+            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = model.predict_velocity(x, s, cond, settings.guidance_scale)
+            if i in sde_steps:
+                x_next, lp, _, _ = sde_step_with_logprob(
+                    v, s, s_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
+                    generator=generator,
+                )
+            else:
+                x_next, lp = euler_step(v, s, s_next, x), None
+            if i in train_steps:
+                before.append(x)
+                after.append(x_next)
+                lps.append(lp)
+            x = x_next
+        latents.append(torch.stack(before, dim=1))
+        next_latents.append(torch.stack(after, dim=1))
+        log_probs.append(torch.stack(lps, dim=1))
+        images.append(model.decode(x).cpu())
+
+    t_idx = torch.tensor(train_steps)
+    return Rollout(
+        prompts=list(prompts), embeds=embeds, prompt_index=prompt_index,
+        sigmas=sigmas[t_idx], sigmas_next=sigmas[t_idx + 1],
+        latents=torch.cat(latents), next_latents=torch.cat(next_latents), log_probs=torch.cat(log_probs),
+        images=torch.cat(images),
+    )

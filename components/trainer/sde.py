@@ -1,0 +1,82 @@
+"""One reverse-time SDE step of a flow-matching sampler, with its log-probability.
+
+Implements FLOWGRPO.md sections 1 (``sde``) and 2 (``cps``). All math runs in
+float32 whatever the model dtype. Imports only torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SDE_TYPES = ("sde", "cps")
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def _per_sample(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Broadcast a float or a (B,) tensor to shape (B, 1, ..., 1) in float32."""
+    t = torch.as_tensor(value, dtype=torch.float32, device=like.device)
+    if t.ndim == 0:
+        t = t.expand(like.shape[0])
+    if t.shape != (like.shape[0],):
+        raise ValueError(f"sigma must be a float or a tensor of shape ({like.shape[0]},), got {tuple(t.shape)}")
+    return t.view(-1, *([1] * (like.ndim - 1)))
+
+
+def sde_step_with_logprob(
+    model_output: torch.Tensor,
+    sigma: float | torch.Tensor,
+    sigma_next: float | torch.Tensor,
+    sample: torch.Tensor,
+    *,
+    noise_level: float,
+    sde_type: str = "sde",
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step ``sample`` from ``sigma`` to ``sigma_next`` and score the result.
+
+    Returns ``(prev_sample, log_prob, mean, std_dev_t)``: ``log_prob`` has shape
+    (B,) (mean over non-batch dims), ``mean`` carries the gradient, ``prev_sample``
+    is detached, ``std_dev_t`` has shape (B, 1, ..., 1). When ``prev_sample`` is
+    given no noise is drawn and its log-probability is returned.
+    """
+    if sde_type not in SDE_TYPES:
+        raise ValueError(f"sde_type must be one of {SDE_TYPES}, got {sde_type!r}")
+    x = sample.float()
+    v = model_output.float()
+    s = _per_sample(sigma, x)
+    s_next = _per_sample(sigma_next, x)
+
+    if sde_type == "sde":
+        dt = s_next - s
+        # At sigma == 1 the factor sigma / (1 - sigma) is infinite; upstream uses sigma_next there.
+        s_safe = torch.where(s == 1, s_next, s)
+        std_dev_t = noise_level * torch.sqrt(s / (1 - s_safe))
+        mean = x * (1 + std_dev_t**2 / (2 * s) * dt) + v * (1 + std_dev_t**2 * (1 - s) / (2 * s)) * dt
+        noise_std = std_dev_t * torch.sqrt(-dt)
+    else:
+        std_dev_t = s_next * math.sin(noise_level * math.pi / 2)
+        x0_hat = x - s * v
+        x1_hat = x + (1 - s) * v
+        mean = x0_hat * (1 - s_next) + x1_hat * torch.sqrt(s_next**2 - std_dev_t**2)
+        noise_std = std_dev_t
+
+    if prev_sample is None:
+        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+        prev_sample = mean + noise_std * noise
+    prev_sample = prev_sample.detach().float()
+
+    sq = (prev_sample - mean) ** 2
+    if sde_type == "sde":
+        log_prob = -sq / (2 * noise_std**2) - torch.log(noise_std) - _LOG_SQRT_2PI
+    else:
+        log_prob = -sq  # constants and scale dropped, as upstream
+    log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
+    return prev_sample, log_prob, mean, std_dev_t
+
+
+def euler_step(model_output: torch.Tensor, sigma: float, sigma_next: float, sample: torch.Tensor) -> torch.Tensor:
+    """Deterministic ODE step (noise level 0), in float32."""
+    return sample.float() + model_output.float() * (sigma_next - sigma)

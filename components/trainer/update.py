@@ -1,0 +1,77 @@
+"""The policy update on one epoch's rollout (FLOWGRPO.md section 6)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from components.trainer.ema import LoRAEMA
+from components.trainer.loss import flow_grpo_loss
+from components.trainer.models.base import FlowMatchingModel
+from components.trainer.rollout import Rollout, SamplerSettings, step_log_prob
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    batch_size: int
+    gradient_accumulation_steps: int
+    inner_epochs: int
+    clip_range: float
+    beta: float
+    max_grad_norm: float
+    guidance_scale: float  # guidance in the training forward: the sampling scale with train_cfg, else 1
+
+
+def policy_update(
+    model: FlowMatchingModel,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    sampler: SamplerSettings,
+    settings: UpdateSettings,
+    generator: torch.Generator,
+    ema: LoRAEMA | None,
+    optimizer_step: int,
+) -> tuple[dict[str, float], int]:
+    """Run the inner epochs; returns mean metrics and the new optimizer step count.
+
+    Gradients accumulate over all trained timesteps of ``gradient_accumulation_steps``
+    micro-batches, then one clipped optimizer step is taken.
+    """
+    n_steps = rollout.log_probs.shape[1]
+    scale = 1.0 / (n_steps * settings.gradient_accumulation_steps)
+    advantages = advantages.to(model.device)
+    sums: dict[str, torch.Tensor | float] = defaultdict(float)  # tensors: no device sync per timestep
+    counts: dict[str, int] = defaultdict(int)
+
+    model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward
+    for _ in range(settings.inner_epochs):
+        order = torch.randperm(len(rollout), generator=generator).to(rollout.prompt_index.device)
+        for i, idx in enumerate(order.split(settings.batch_size)):
+            for t in range(n_steps):
+                log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale)
+                ref_mean = None
+                if settings.beta > 0:
+                    with torch.no_grad(), model.adapter_disabled():
+                        _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale)
+                loss, metrics = flow_grpo_loss(
+                    log_prob, rollout.log_probs[idx, t], advantages[idx], clip_range=settings.clip_range,
+                    mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=settings.beta,
+                )
+                (loss * scale).backward()
+                for k, v in metrics.items():
+                    sums[k] = sums[k] + v
+                    counts[k] += 1
+            if (i + 1) % settings.gradient_accumulation_steps == 0:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                optimizer_step += 1
+                sums["grad_norm"] = sums["grad_norm"] + grad_norm.detach()
+                counts["grad_norm"] += 1
+                if ema is not None:
+                    ema.step(params, optimizer_step)
+    return {k: float(sums[k]) / counts[k] for k in sums}, optimizer_step

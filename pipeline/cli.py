@@ -1,0 +1,103 @@
+"""``flowgrpo``: the command line. Errors the user can fix print one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from components.errors import FlowGRPOError
+from pipeline.config import DEFAULT_CONFIG, load_config
+
+EXIT_USER_ERROR = 2
+
+
+def _quiet_libraries() -> None:
+    """Keep library chatter (torchvision fallbacks, dtype notes) out of the progress output."""
+    import logging
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    for name in ("transformers", "diffusers", "peft"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
+                   help=f"experiment YAML (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[2])})")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value",
+                   help="override config values, e.g. train.epochs=5 sampling.group_size=4")
+
+
+def _default_output(config_path: Path) -> Path:
+    return Path("runs") / f"{config_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    _quiet_libraries()
+    from components.trainer.loop import train
+
+    output = args.output or _default_output(args.config)
+    print(f"training {args.config} -> {output}", file=sys.stderr, flush=True)
+    result = train(config, output, resume=args.resume)
+    s = result.learning_summary()
+    print(
+        f"first epoch reward mean {s['first_mean']:.6g} (per-sample std {s['first_std']:.3g}); "
+        f"last 3 epochs mean {s['last3_mean']:.6g}; "
+        f"{'LEARNED' if s['learned'] else 'did not learn'}: last-3 mean "
+        f"{'>' if s['learned'] else '<='} first mean + std/2 = {s['threshold']:.6g}"
+    )
+    print(f"LoRA: {result.lora_dir}  metrics: {result.output_dir / 'metrics.jsonl'}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    n = config.sampling.prompts_per_epoch * config.sampling.group_size
+    print(f"{args.config}: valid ({config.model.kind}, {config.train.epochs} epochs, {n} images per epoch)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flowgrpo",
+        description="FlowGRPO: online RL fine-tuning of flow-matching text-to-image models with image rewards.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a LoRA in this process",
+                       description="Train a LoRA with FlowGRPO in this process; writes metrics.jsonl, "
+                                   "checkpoints/ and the final lora/ under --output.")
+    _add_config_args(p)
+    p.add_argument("--output", type=Path, default=None,
+                   help="run directory (default: runs/<config name>-<timestamp>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint under --output")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("validate", help="check a config and exit",
+                       description="Load and validate a config with its overrides; nothing else runs.")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FlowGRPOError as exc:
+        print(f"flowgrpo {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"flowgrpo {args.command}: interrupted; checkpoints written so far are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

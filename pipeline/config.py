@@ -1,0 +1,104 @@
+"""The experiment config: one pydantic schema, loaded from YAML with ``key.sub=value`` overrides.
+
+Everything is validated before anything starts; every error names the full key
+path (``train.learning_rate``) or the file and line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from components.errors import ConfigError
+from components.trainer.config import TrainingJobConfig
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"
+
+
+class ExperimentConfig(TrainingJobConfig):
+    """The whole experiment. Pipeline-level sections are added here as the stages land."""
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML") from exc
+    return key.strip().split("."), value
+
+
+def apply_override(data: dict[str, Any], text: str) -> None:
+    """Set ``key.sub=value`` in the raw config dict; list items are addressed by index (``rewards.0.weight``)."""
+    path, value = _parse_override(text)
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        if isinstance(node, list):
+            node = node[_list_index(node, part, path[: i + 1])]
+        else:
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[: i + 1])} is not a section")
+    last = path[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, path)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, path: list[str]) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"override {'.'.join(path)}: {part!r} is not an index of a list of {len(node)} items")
+    return int(part)
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see pipeline/configs/tiny-cpu.yaml for every key)"
+        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
+            msg = f"{msg} (got {err['input']!r})"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return f"invalid config {source}: " + "; ".join(parts)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read ``path`` (default: the tiny CPU config), apply overrides, validate."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    data = _read_yaml(path)
+    for text in overrides or []:
+        apply_override(data, text)
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path))) from exc

@@ -1,0 +1,22 @@
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+SMALL = [
+    "train.epochs=2", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
+    "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=1",
+]
+
+
+@pytest.fixture
+def small_config():
+    """A few-second training config on the tiny model; extra overrides may be passed."""
+    from pipeline.config import load_config
+
+    def make(*overrides: str):
+        return load_config(None, [*SMALL, *overrides])
+
+    return make

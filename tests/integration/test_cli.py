@@ -1,0 +1,81 @@
+"""`flowgrpo` as a user runs it: bad input gives one clear line and a non-zero exit, no traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import DEFAULT_CONFIG
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def flowgrpo(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+                          cwd=cwd or REPO, timeout=timeout)
+
+
+def _error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["train.learnig_rate=0.1"], "train.learnig_rate: unknown key"),
+        (["train.learning_rate=-0.001"], "train.learning_rate: Input should be greater than 0"),
+        (["sampling.group_size=1", "train.global_std=false"], "sampling.group_size must be at least 2"),
+    ],
+)
+def test_validate_rejects_bad_values(args, needle):
+    line = _error_line(flowgrpo("validate", *args))
+    assert needle in line
+
+
+def test_yaml_syntax_error_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epochs: [1\n")
+    assert f"{bad}:" in _error_line(flowgrpo("validate", "--config", str(bad)))
+    missing = tmp_path / "missing.yaml"
+    assert f"config file {missing} does not exist" in _error_line(flowgrpo("train", "--config", str(missing)))
+
+
+def test_train_with_missing_model_path_fails_before_training(tmp_path):
+    proc = flowgrpo("train", "--output", str(tmp_path / "out"), "model.kind=diffusers",
+                    f"model.path={tmp_path / 'no-such-model'}")
+    assert "model.path:" in _error_line(proc) and "no-such-model" in _error_line(proc)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_validate_accepts_the_shipped_configs():
+    for path in sorted(DEFAULT_CONFIG.parent.glob("*.yaml")):
+        proc = flowgrpo("validate", "--config", str(path))
+        assert proc.returncode == 0, proc.stderr
+        assert "valid" in proc.stdout
+
+
+def test_help_explains_the_commands():
+    proc = flowgrpo("--help")
+    assert proc.returncode == 0 and "train" in proc.stdout and "validate" in proc.stdout
+    proc = flowgrpo("train", "--help")
+    assert "--resume" in proc.stdout and "key.sub=value" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_config_learns_for_every_seed(tmp_path, seed):
+    """The acceptance criterion: last-3-epoch mean > first mean + first per-sample std / 2."""
+    proc = flowgrpo("train", "--output", str(tmp_path), f"seed={seed}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
+    threshold = first["reward/mean"] + first["reward/std"] / 2
+    assert sum(last3) / 3 > threshold, (first, last3)
+    assert "LEARNED" in proc.stdout and f"{first['reward/mean']:.6g}" in proc.stdout
+    assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file()

@@ -1,0 +1,142 @@
+"""The single-process trainer: determinism, checkpoints, resume, LoRA export, KL."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from components.errors import CheckpointError
+from components.trainer import checkpoint as ckpt
+from components.trainer.loop import Trainer, train
+from components.trainer.models.tiny_sd3 import build_tiny_sd3
+
+TIMING_KEYS = ("time/sampling", "time/scoring", "time/training", "images_per_s")
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def _lora(path):
+    return load_file(str(path / ckpt.LORA_FILE))
+
+
+def _assert_same_lora(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _rows(result):
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in result.history]
+
+
+def test_same_seed_same_metrics_and_lora_and_another_seed_differs(small_config, tmp_path):
+    a = train(small_config(), tmp_path / "a", log=_quiet)
+    b = train(small_config(), tmp_path / "b", log=_quiet)
+    c = train(small_config("seed=1"), tmp_path / "c", log=_quiet)
+    assert _rows(a) == _rows(b)
+    _assert_same_lora(_lora(a.lora_dir), _lora(b.lora_dir))
+    assert not torch.equal(next(iter(_lora(a.lora_dir).values())), next(iter(_lora(c.lora_dir).values())))
+    assert [row["epoch"] for row in a.history] == [1, 2]
+    for row in a.history:
+        assert np.isfinite(row["reward/mean"]) and row["reward/std"] > 0
+
+
+def test_metrics_file_and_checkpoints_are_written(small_config, tmp_path):
+    result = train(small_config(), tmp_path, log=_quiet)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for key in ("reward/mean", "reward/std", "reward/brightness/mean", "policy_loss", "kl", "approx_kl",
+                "clipfrac", "grad_norm", "lr", "zero_std_group_fraction", "failed_fraction", *TIMING_KEYS):
+        assert key in rows[0], key
+    assert ckpt.latest_checkpoint(tmp_path).name == "epoch-000002"
+    assert (tmp_path / "checkpoints" / "epoch-000001" / ckpt.STATE_FILE).is_file()
+    assert (result.lora_dir / ckpt.LORA_FILE).is_file()
+
+
+def test_first_update_sees_ratio_one(small_config, tmp_path):
+    # One optimizer step per epoch: every micro-batch of epoch 1 is scored with the sampling weights.
+    result = train(small_config("train.epochs=1", "train.gradient_accumulation_steps=2"), tmp_path, log=_quiet)
+    row = result.history[0]
+    assert row["ratio_mean"] == 1.0 and row["approx_kl"] == 0.0 and row["clipfrac"] == 0.0
+
+
+def test_saved_lora_reloads_through_diffusers_and_reproduces_images(small_config, tmp_path):
+    config = small_config("train.learning_rate=0.05")
+    trainer = Trainer(config, tmp_path, log=_quiet)
+    trainer.fit()
+    lora_dir = tmp_path / "lora"
+
+    def generate(pipe):
+        out = pipe(["a cat on a sofa"] * 2, num_inference_steps=4, guidance_scale=1.0, height=32, width=32,
+                   generator=torch.Generator().manual_seed(0), output_type="np", max_sequence_length=32)
+        return out.images
+
+    trained = generate(trainer.model.pipeline)
+    fresh = build_tiny_sd3(32, config.seed)
+    base = generate(fresh)
+    fresh.load_lora_weights(str(lora_dir))
+    reloaded = generate(fresh)
+    assert np.array_equal(trained, reloaded)
+    assert not np.array_equal(base, reloaded)  # the LoRA really changes the images
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_resume_gives_the_same_final_lora_as_an_uninterrupted_run(small_config, tmp_path, ema):
+    extra = ["train.ema.enabled=true", "train.ema.update_every=1", "train.ema.decay=0.5"] if ema else []
+    full = train(small_config("train.epochs=4", *extra), tmp_path / "full", log=_quiet)
+    train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
+    resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)
+    _assert_same_lora(_lora(full.lora_dir), _lora(resumed.lora_dir))
+    assert _rows(full) == _rows(resumed)
+    s_full = ckpt.read_checkpoint(ckpt.latest_checkpoint(tmp_path / "full"))
+    s_res = ckpt.read_checkpoint(ckpt.latest_checkpoint(tmp_path / "split"))
+    assert s_full.optimizer_step == s_res.optimizer_step == 4 * 8 // 4
+    for a, b in zip(s_full.lora, s_res.lora, strict=True):
+        assert torch.equal(a, b)
+    if ema:  # the exported LoRA is the EMA, not the raw weights
+        raw = s_full.lora[0]
+        assert not torch.equal(raw, s_full.ema["shadow"][0])
+
+
+def test_resume_refusals(small_config, tmp_path):
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        train(small_config(), tmp_path / "empty", resume=True, log=_quiet)
+    train(small_config("train.epochs=1"), tmp_path / "run", log=_quiet)
+    with pytest.raises(CheckpointError, match="already holds checkpoints; pass --resume"):
+        train(small_config(), tmp_path / "run", log=_quiet)
+    with pytest.raises(CheckpointError, match=r"differs from the checkpoint's in train\.learning_rate"):
+        train(small_config("train.learning_rate=0.01"), tmp_path / "run", resume=True, log=_quiet)
+
+
+def test_partial_checkpoint_is_never_picked(small_config, tmp_path):
+    train(small_config("train.epochs=1"), tmp_path, log=_quiet)
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-epoch-000002").mkdir()
+    (root / "epoch-000003").mkdir()  # a directory without its files, e.g. a copy cut short
+    (root / "epoch-000003" / ckpt.STATE_FILE).write_bytes(b"")
+    assert ckpt.latest_checkpoint(tmp_path).name == "epoch-000001"
+    (root / ckpt.LATEST).write_text("epoch-000003\n")  # a pointer to an incomplete one falls back
+    assert ckpt.latest_checkpoint(tmp_path).name == "epoch-000001"
+
+
+def test_kl_to_reference_is_reported_and_bounded_by_beta(small_config, tmp_path):
+    result = train(small_config("train.beta=0.5", "train.learning_rate=0.02"), tmp_path, log=_quiet)
+    first, second = result.history
+    assert first["kl"] > 0  # the LoRA moved after the first optimizer step of epoch 1
+    assert second["kl"] > 0 and np.isfinite(second["kl"])
+
+
+def test_gdpo_with_two_rewards_trains(small_config, tmp_path):
+    result = train(
+        small_config("reward_aggregation=gdpo",
+                     "rewards=[{name: brightness, weight: 1.0}, {name: jpeg_incompressibility, weight: 0.5}]"),
+        tmp_path, log=_quiet,
+    )
+    row = result.history[0]
+    assert "reward/jpeg_incompressibility/mean" in row and "reward/brightness/mean" in row
+    assert row["advantage/mean"] == pytest.approx(0.0, abs=1e-6)

@@ -1,0 +1,118 @@
+"""GRPO advantages (FLOWGRPO.md sections 4-5) against hand computations and an independent numpy version."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
+
+EPS = 1e-4
+
+
+def _numpy_advantages(r, g, global_std, clip=5.0):
+    r, g = np.asarray(r, dtype=np.float64), np.asarray(g)
+    out = np.zeros_like(r)
+    valid = np.isfinite(r)
+    gstd = np.std(r[valid])
+    for gid in np.unique(g):
+        m = (g == gid) & valid
+        if m.sum() < 2:
+            continue
+        std = gstd if global_std else np.std(r[m])
+        out[m] = (r[m] - r[m].mean()) / (std + EPS)
+    return np.clip(out, -clip, clip)
+
+
+def test_single_sample_group_gets_zero():
+    adv = compute_advantages(torch.tensor([1.0, 2.0, 3.0]), [0, 0, 1])
+    assert adv[2].item() == 0.0
+    assert adv[0].item() < 0 < adv[1].item()
+
+
+def test_global_vs_group_std_by_hand():
+    r = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    g = [0, 0, 1, 1]
+    glob = compute_advantages(r, g, global_std=True)
+    grp = compute_advantages(r, g, global_std=False)
+    pop_std = math.sqrt(1.25)  # population std of 1..4
+    assert glob.tolist() == pytest.approx([-0.5 / (pop_std + EPS), 0.5 / (pop_std + EPS)] * 2, rel=1e-6)
+    assert grp.tolist() == pytest.approx([-0.5 / (0.5 + EPS), 0.5 / (0.5 + EPS)] * 2, rel=1e-6)
+
+
+def test_population_std_not_sample_std():
+    r = torch.tensor([0.0, 2.0])
+    adv = compute_advantages(r, [0, 0], global_std=False)
+    assert adv[1].item() == pytest.approx(1.0 / (1.0 + EPS), rel=1e-6)  # ddof=0 std is 1, ddof=1 would be 1.414
+
+
+def test_nan_rewards_excluded_and_zeroed():
+    r = torch.tensor([1.0, float("nan"), 3.0, 5.0])
+    adv = compute_advantages(r, [0, 0, 0, 0])
+    assert adv[1].item() == 0.0
+    std = np.std([1.0, 3.0, 5.0])
+    assert adv[[0, 2, 3]].tolist() == pytest.approx([-2 / (std + EPS), 0.0, 2 / (std + EPS)], rel=1e-6)
+    assert torch.isfinite(adv).all()
+
+
+def test_group_left_with_one_valid_reward_gets_zero():
+    adv = compute_advantages(torch.tensor([float("nan"), 1.0, 0.0, 2.0]), [0, 0, 1, 1])
+    assert adv[:2].tolist() == [0.0, 0.0]
+
+
+def test_all_failed_gives_zeros():
+    adv = compute_advantages(torch.full((4,), float("nan")), [0, 0, 1, 1])
+    assert adv.tolist() == [0.0] * 4
+
+
+def test_clipping():
+    r = torch.zeros(50)
+    r[0] = 1.0
+    adv = compute_advantages(r, [0] * 50, global_std=False, clip=5.0)
+    unclipped = (1 - 0.02) / (math.sqrt(0.02 * 0.98) + EPS)
+    assert unclipped > 5
+    assert adv[0].item() == pytest.approx(5.0)
+    assert adv[1].item() == pytest.approx(-0.02 / (math.sqrt(0.02 * 0.98) + EPS), rel=1e-5)
+
+
+@pytest.mark.parametrize("global_std", [True, False])
+def test_matches_independent_numpy(global_std):
+    rng = np.random.default_rng(0)
+    r = rng.normal(size=96)
+    r[[3, 40]] = np.nan
+    g = np.repeat(rng.permutation(12), 8)
+    adv = compute_advantages(torch.tensor(r, dtype=torch.float32), torch.tensor(g), global_std=global_std)
+    np.testing.assert_allclose(adv.numpy(), _numpy_advantages(r.astype(np.float32), g, global_std), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_non_contiguous_group_ids():
+    adv = compute_advantages(torch.tensor([1.0, 5.0, 2.0, 7.0]), [20, 10, 20, 10], global_std=False)
+    assert adv.tolist() == pytest.approx([-0.5 / (0.5 + EPS), -1 / (1 + EPS), 0.5 / (0.5 + EPS), 1 / (1 + EPS)])
+
+
+def test_gdpo_matches_independent_numpy():
+    rng = np.random.default_rng(1)
+    g = np.repeat(np.arange(4), 6)
+    r1, r2 = rng.normal(size=24), rng.normal(size=24) * 10
+    w = {"a": 1.0, "b": 0.5}
+    got = gdpo_advantages({"a": torch.tensor(r1), "b": torch.tensor(r2)}, w, torch.tensor(g))
+    total = w["a"] * _numpy_advantages(r1, g, True) + w["b"] * _numpy_advantages(r2, g, True)
+    expected = (total - total.mean()) / np.std(total)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
+    assert got.mean().abs() < 1e-6 and got.std(unbiased=False).item() == pytest.approx(1.0)
+
+
+def test_gdpo_failed_sample_gets_zero():
+    r1 = torch.tensor([1.0, 2.0, 3.0, float("nan")])
+    r2 = torch.tensor([1.0, 0.0, 3.0, 2.0])
+    got = gdpo_advantages({"a": r1, "b": r2}, {"a": 1.0, "b": 1.0}, [0, 0, 0, 0])
+    assert got[3].item() == 0.0 and torch.isfinite(got).all()
+
+
+def test_group_statistics():
+    r = torch.tensor([1.0, 1.0, 0.0, 2.0, float("nan"), 3.0])
+    stats = group_statistics(r, [0, 0, 1, 1, 2, 2])
+    assert stats["failed_fraction"] == pytest.approx(1 / 6)
+    assert stats["zero_std_group_fraction"] == pytest.approx(2 / 3)  # group 0 all equal, group 2 one valid

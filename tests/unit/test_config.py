@@ -1,0 +1,98 @@
+"""The experiment config: defaults, example configs, overrides and error messages."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.errors import ConfigError
+from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
+
+TINY = CONFIG_DIR / "tiny-cpu.yaml"
+SD35 = CONFIG_DIR / "sd35-medium-ocr.yaml"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_equal_the_shipped_tiny_config_and_it_spells_every_key():
+    raw = yaml.safe_load(TINY.read_text())
+    assert raw == ExperimentConfig().model_dump(mode="json")
+
+
+def test_sd35_config_has_upstream_hyperparameters():
+    c = load_config(SD35)
+    assert c.model.kind == "diffusers" and c.model.resolution == 512
+    assert (c.sampling.num_steps, c.sampling.eval_num_steps, c.sampling.guidance_scale) == (10, 40, 4.5)
+    assert (c.sampling.group_size, c.sampling.prompts_per_epoch) == (24, 48)
+    assert c.train.beta == 0.04 and c.train.learning_rate == 3e-4 and c.train.clip_range == 1e-4
+    assert c.train.adam_betas == (0.9, 0.999) and c.train.weight_decay == 1e-4 and c.train.adam_eps == 1e-8
+    assert (c.model.lora.rank, c.model.lora.alpha, c.model.lora.init) == (32, 64.0, "gaussian")
+    assert c.train.ema.enabled and c.train.ema.decay == 0.9 and c.train.ema.update_every == 8
+    assert c.train.train_cfg and c.train.timestep_fraction == 0.99
+    assert [r.name for r in c.rewards] == ["ocr"]
+
+
+def test_overrides_set_nested_values_and_list_items():
+    c = load_config(TINY, ["train.epochs=3", "model.lora.rank=4", "rewards.0.weight=2.5", "sampling.sde_type=cps"])
+    assert (c.train.epochs, c.model.lora.rank, c.rewards[0].weight, c.sampling.sde_type) == (3, 4, 2.5, "cps")
+
+
+def test_override_can_fill_a_null_section():
+    c = load_config(TINY, ["sampling.sde_window.size=2", "sampling.sde_window.range=[0,4]"])
+    assert c.sampling.sde_window.size == 2 and c.sampling.sde_window.range == (0, 4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["train.learnig_rate=0.1"], ["train.learnig_rate", "unknown key"]),
+        (["train.learning_rate=-1"], ["train.learning_rate", "greater than 0", "-1"]),
+        (["sampling.group_size=1", "train.global_std=false"], ["sampling.group_size", "at least 2"]),
+        (["train.epochs=many"], ["train.epochs", "integer"]),
+        (["sampling.sde_type=ode"], ["sampling.sde_type"]),
+        (["model.kind=diffusers"], ["model.path is required"]),
+        (["train.batch_size=7"], ["train.batch_size (7)", "64"]),
+        (["rewards.3.weight=1"], ["rewards.3", "not an index"]),
+        (["sampling.sde_window.size=4", "sampling.sde_window.range=[0,8]"], ["sampling.sde_window.range"]),
+        (["train.train_cfg=true"], ["train.train_cfg", "guidance_scale"]),
+        (["noequals"], ["key.sub=value"]),
+    ],
+)
+def test_bad_values_name_the_key(overrides, needles):
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_duplicate_reward_is_rejected(tmp_path):
+    path = _write(tmp_path, "rewards:\n  - name: brightness\n  - name: brightness\n")
+    with pytest.raises(ConfigError, match=r"rewards\.1\.name: reward 'brightness' is listed twice"):
+        load_config(path)
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = _write(tmp_path, "train:\n  epochs: 3\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=rf"{path}:\d+:\d+: YAML syntax error"):
+        load_config(path)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(_write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_partial_file_takes_defaults_for_the_rest(tmp_path):
+    c = load_config(_write(tmp_path, "train:\n  epochs: 2\n"))
+    assert c.train.epochs == 2 and c.sampling == ExperimentConfig().sampling
