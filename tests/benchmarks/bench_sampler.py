@@ -18,6 +18,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 import torch
 
@@ -37,12 +38,12 @@ def _timed(fn) -> float:
 def sampler_ratio(repeats: int, batch: int, steps: int) -> None:
     model = load_model(ModelConfig(), seed=0)
     model.add_lora(LoRAConfig())
-    prompts = ["a red apple on a wooden table"] * batch
+    prompts = [f"prompt number {i}" for i in range(batch)]  # both sides encode the same 16 prompts
     sde, train_steps = plan_steps(steps, 0.99, None)
     settings = SamplerSettings(steps, 1.0, 0.7, "sde", 32, sde, train_steps)
 
     def ours():
-        sample_rollout(model, prompts[:1], batch, batch, settings, torch.Generator().manual_seed(0))
+        sample_rollout(model, prompts, 1, batch, settings, torch.Generator().manual_seed(0))
 
     def diffusers_call():
         with torch.no_grad():
