@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from components.rewards.base import Reward, RewardOutput
 from components.rewards.config import RewardSpec
@@ -29,11 +28,10 @@ class RewardSet:
         return cls(rewards, weights)
 
     def score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict[str, Any]]
+        self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]
     ) -> dict[str, RewardOutput]:
-        """``images``: float (B, 3, H, W) in [0, 1]. Returns each reward's output."""
-        pixels = (images.permute(0, 2, 3, 1).clamp(0, 1) * 255).round().to(torch.uint8).numpy()
-        return {name: reward(pixels, prompts, metadata) for name, reward in self.rewards.items()}
+        """``images``: uint8 (B, H, W, 3). Returns each reward's output."""
+        return {name: reward(images, prompts, metadata) for name, reward in self.rewards.items()}
 
     def combine(self, outputs: dict[str, RewardOutput]) -> np.ndarray:
         """Weighted sum per sample; NaN where any reward failed."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from components.dataset.prompts import load_prompts
-from components.errors import CheckpointError, DataError
+from components.errors import CheckpointError
 from components.rewards.scoring import RewardSet
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
@@ -150,8 +150,6 @@ class Trainer:
         self.output_dir = Path(output_dir)
         self.log = log
         self.prompts = load_prompts(config.data)
-        if len(self.prompts) < 1:
-            raise DataError("no training prompts")
         self.rewards = RewardSet.from_specs(config.rewards)
         self.model: FlowMatchingModel = load_model(config.model, config.seed)
         device = self.model.device

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
@@ -19,7 +20,7 @@ class SamplerSettings:
     sde_type: str
     resolution: int
     sde_steps: tuple[int, ...]  # steps that inject noise; the others are Euler (ODE) steps
-    train_steps: tuple[int, ...]  # subset of sde_steps whose transitions are stored for training
+    train_steps: tuple[int, ...]  # consecutive subset of sde_steps whose transitions are stored for training
 
 
 def plan_steps(
@@ -43,10 +44,9 @@ class Rollout:
     prompt_index: torch.Tensor  # (B,) long: the sample's prompt, also its GRPO group
     sigmas: torch.Tensor  # (T,) noise level before each stored step
     sigmas_next: torch.Tensor  # (T,)
-    latents: torch.Tensor  # (B, T, *latent) x_t before each stored step, float32
-    next_latents: torch.Tensor  # (B, T, *latent) x_{t+1} after it
+    trajectory: torch.Tensor  # (B, T + 1, *latent) float32: stored step t goes from [:, t] to [:, t + 1]
     log_probs: torch.Tensor  # (B, T) float32
-    images: torch.Tensor  # (B, 3, H, W) float32 in [0, 1], on CPU
+    images: np.ndarray  # (B, H, W, 3) uint8, what rewards score
 
     def __len__(self) -> int:
         return self.prompt_index.shape[0]
@@ -60,13 +60,13 @@ def step_log_prob(
 
     Returns ``(log_prob, mean, std_dev_t)``; differentiable through ``mean``.
     """
-    x = rollout.latents[sample_idx, t]
+    x = rollout.trajectory[sample_idx, t]
     cond = rollout.embeds.select(rollout.prompt_index[sample_idx])
     sigma, sigma_next = float(rollout.sigmas[t]), float(rollout.sigmas_next[t])
     v = model.predict_velocity(x, sigma, cond, guidance_scale)
     _, log_prob, mean, std_dev_t = sde_step_with_logprob(
         v, sigma, sigma_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
-        prev_sample=rollout.next_latents[sample_idx, t],
+        prev_sample=rollout.trajectory[sample_idx, t + 1],
     )
     return log_prob, mean, std_dev_t
 
@@ -86,12 +86,14 @@ def sample_rollout(
     sigmas = model.sigmas(settings.num_steps, settings.resolution)
     shape = model.latent_shape(settings.resolution)
     sde_steps, train_steps = set(settings.sde_steps), settings.train_steps
+    if train_steps != tuple(range(train_steps[0], train_steps[0] + len(train_steps))):
+        raise ValueError(f"train_steps must be consecutive, got {train_steps}")
 
-    latents, next_latents, log_probs, images = [], [], [], []
+    trajectories, log_probs, images = [], [], []
     for idx in prompt_index.split(batch_size):
         cond = embeds.select(idx)
         x = torch.randn((len(idx), *shape), generator=generator, device=model.device, dtype=torch.float32)
-        before, after, lps = [], [], []
+        states, lps = [], []
         for i in range(settings.num_steps):
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
             v = model.predict_velocity(x, s, cond, settings.guidance_scale)
@@ -103,19 +105,23 @@ def sample_rollout(
             else:
                 x_next, lp = euler_step(v, s, s_next, x), None
             if i in train_steps:
-                before.append(x)
-                after.append(x_next)
+                states.append(x)
                 lps.append(lp)
             x = x_next
-        latents.append(torch.stack(before, dim=1))
-        next_latents.append(torch.stack(after, dim=1))
+            if i == train_steps[-1]:
+                states.append(x)
+        trajectories.append(torch.stack(states, dim=1))
         log_probs.append(torch.stack(lps, dim=1))
-        images.append(model.decode(x).cpu())
+        images.append(to_pixels(model.decode(x)))
 
     t_idx = torch.tensor(train_steps)
     return Rollout(
         prompts=list(prompts), embeds=embeds, prompt_index=prompt_index,
         sigmas=sigmas[t_idx], sigmas_next=sigmas[t_idx + 1],
-        latents=torch.cat(latents), next_latents=torch.cat(next_latents), log_probs=torch.cat(log_probs),
-        images=torch.cat(images),
+        trajectory=torch.cat(trajectories), log_probs=torch.cat(log_probs), images=np.concatenate(images),
     )
+
+
+def to_pixels(images: torch.Tensor) -> np.ndarray:
+    """Float (B, 3, H, W) in [0, 1] -> uint8 (B, H, W, 3), rounded as diffusers' image processor does."""
+    return (images.detach().float().clamp(0, 1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()

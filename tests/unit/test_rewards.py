@@ -4,7 +4,6 @@ import io
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from components.errors import RewardError
@@ -66,11 +65,11 @@ def test_registry_errors_name_the_key():
         build_reward(RewardSpec(name="brightness", args={"quality": 3}), where="rewards.0")
 
 
-def test_reward_set_scores_float_images_and_combines_with_weights():
+def test_reward_set_scores_and_combines_with_weights():
     rs = RewardSet.from_specs([RewardSpec(name="brightness", weight=2.0),
                                RewardSpec(name="jpeg_incompressibility", weight=-1.0)])
-    images = torch.zeros(2, 3, 8, 8)
-    images[1] = 1.0
+    images = np.zeros((2, 8, 8, 3), dtype=np.uint8)
+    images[1] = 255
     outs = rs.score(images, ["a", "b"], [{}, {}])
     np.testing.assert_allclose(outs["brightness"].scores, [0.0, 1.0])
     combined = rs.combine(outs)
