@@ -12,6 +12,8 @@ from components.trainer.loss import flow_grpo_loss
 from components.trainer.models.base import FlowMatchingModel
 from components.trainer.rollout import Rollout, SamplerSettings, step_log_prob
 
+PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")  # also logged per sampler step, e.g. clipfrac/step3
+
 
 @dataclass(frozen=True)
 class UpdateSettings:
@@ -62,9 +64,11 @@ def policy_update(
                     mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=settings.beta,
                 )
                 (loss * scale).backward()
+                step = sampler.train_steps[t]
                 for k, v in metrics.items():
-                    sums[k] = sums[k] + v
-                    counts[k] += 1
+                    for key in (k, f"{k}/step{step}") if k in PER_STEP_METRICS else (k,):
+                        sums[key] = sums[key] + v
+                        counts[key] += 1
             if (i + 1) % settings.gradient_accumulation_steps == 0:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
                 optimizer.step()
