@@ -63,6 +63,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reward_server(args: argparse.Namespace) -> int:
+    from components.reward_server.settings import load_settings
+    from components.rewards.registry import check_spec
+
+    settings = load_settings(args.config, args.rewards)
+    for i, spec in enumerate(settings.rewards):
+        check_spec(spec, f"rewards.{i}")
+    _quiet_libraries()
+    import uvicorn
+
+    from components.reward_server.app import create_app
+
+    keys = ", ".join(s.key for s in settings.rewards)
+    print(f"reward server on http://{args.host}:{args.port} serving {keys}", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flowgrpo",
@@ -79,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest complete checkpoint under --output")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("reward-server", help="serve rewards over HTTP",
+                       description="Serve rewards over HTTP for trainers (POST /v1/score) and Flow-Factory clients "
+                                   "(POST /compute). Either --rewards with default options or --config with "
+                                   "per-reward options, limits and batching.")
+    p.add_argument("--rewards", default=None, metavar="NAME[,NAME...]",
+                   help="rewards to serve with default options, e.g. jpeg_compressibility,ocr")
+    p.add_argument("--config", type=Path, default=None,
+                   help="YAML with `rewards:` (name, label, weight, args, timeout_s), `limits:` and `batching:`")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8600, help="port (default 8600)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_reward_server)
 
     p = sub.add_parser("validate", help="check a config and exit",
                        description="Load and validate a config with its overrides; nothing else runs.")

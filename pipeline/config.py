@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, model_validator
 
+from components.config_base import format_validation_error
 from components.errors import ConfigError
+from components.rewards.config import RewardSpec, check_unique_keys
 from components.trainer.config import TrainingJobConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -21,6 +23,21 @@ DEFAULT_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"
 
 class ExperimentConfig(TrainingJobConfig):
     """The whole experiment. Pipeline-level sections are added here as the stages land."""
+
+    eval_rewards: list[RewardSpec] | None = Field(
+        default=None, description="rewards for evaluation, kept apart from training; null = the training rewards",
+    )
+
+    @model_validator(mode="after")
+    def _check_eval_rewards(self) -> ExperimentConfig:
+        if self.eval_rewards is not None:
+            if not self.eval_rewards:
+                raise ValueError("eval_rewards is empty; use null to evaluate with the training rewards")
+            check_unique_keys(self.eval_rewards, "eval_rewards")
+        return self
+
+    def evaluation_rewards(self) -> list[RewardSpec]:
+        return self.eval_rewards if self.eval_rewards is not None else self.rewards
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -77,19 +94,6 @@ def _list_index(node: list, part: str, path: list[str]) -> int:
     if not part.isdigit() or int(part) >= len(node):
         raise ConfigError(f"override {'.'.join(path)}: {part!r} is not an index of a list of {len(node)} items")
     return int(part)
-
-
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see pipeline/configs/tiny-cpu.yaml for every key)"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
-            msg = f"{msg} (got {err['input']!r})"
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return f"invalid config {source}: " + "; ".join(parts)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:

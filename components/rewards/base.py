@@ -1,18 +1,28 @@
-"""The reward protocol: images in, one score per sample out, failures kept per sample."""
+"""The reward protocol: images in, one score per sample out, failures kept per sample.
+
+Three kinds share one call signature, ``reward(images, prompts, metadata) -> RewardOutput``:
+- ``PointwiseReward``: scores each image on its own (``score``); a failing image fails alone.
+- ``BatchedReward``: scores a whole batch at once (``score_batch``, e.g. one model forward); if the
+  batch raises, each sample is retried alone so one bad input does not fail the others.
+- ``GroupwiseReward``: sees one prompt group at a time (``kind = "groupwise"``); the caller splits
+  the batch by group.
+``images`` is uint8 (B, H, W, 3); ``metadata`` holds one dict per sample (e.g. ``ground_truth``).
+"""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 
 @dataclass
 class RewardOutput:
-    """One score per sample (NaN where the reward failed) and the failure messages."""
+    """One score per sample (NaN where the reward failed), the failure messages, and extra info."""
 
     scores: np.ndarray  # (B,) float64
     errors: list[str | None]
@@ -22,11 +32,31 @@ class RewardOutput:
     def failed(self) -> int:
         return sum(e is not None for e in self.errors)
 
+    @classmethod
+    def all_failed(cls, n: int, message: str) -> RewardOutput:
+        return cls(scores=np.full(n, np.nan), errors=[message] * n)
+
+    @classmethod
+    def from_scores(cls, values: Sequence[float], extra: dict[str, list[Any]] | None = None) -> RewardOutput:
+        """Wrap raw scores; non-finite values become failures with a message."""
+        scores = np.asarray(values, dtype=np.float64).copy()
+        errors: list[str | None] = [None] * len(scores)
+        for i, v in enumerate(scores):
+            if not math.isfinite(v):
+                errors[i] = f"non-finite score {v}"
+                scores[i] = np.nan
+        return cls(scores=scores, errors=errors, extra=extra or {})
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
 
 class Reward(ABC):
-    """Scores a batch. ``images`` is uint8 (B, H, W, 3); ``metadata`` has one dict per sample."""
+    """Base of every reward. Subclasses set ``name`` (the registry key)."""
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = "pointwise"
 
     @abstractmethod
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
@@ -34,23 +64,50 @@ class Reward(ABC):
 
 
 class PointwiseReward(Reward):
-    """A reward that scores each image on its own; one failing image does not fail the batch."""
+    """A reward that scores each image on its own."""
 
     @abstractmethod
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
         ...
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
-        scores = np.full(len(images), np.nan)
+        values = np.full(len(images), np.nan)
         errors: list[str | None] = [None] * len(images)
         for i, (image, prompt, meta) in enumerate(zip(images, prompts, metadata, strict=True)):
             try:
-                value = float(self.score(image, prompt, meta))
+                values[i] = float(self.score(image, prompt, meta))
+            except Exception as exc:  # a reward failure is data, recorded per sample
+                errors[i] = _describe(exc)
+        out = RewardOutput.from_scores(values)
+        out.errors = [e or o for e, o in zip(errors, out.errors, strict=True)]
+        return out
+
+
+class BatchedReward(Reward):
+    """A reward that scores a batch in one call, falling back to one sample at a time on failure."""
+
+    @abstractmethod
+    def score_batch(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
+        """(B,) scores; may raise."""
+
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+        try:
+            return RewardOutput.from_scores(self.score_batch(images, prompts, metadata))
+        except Exception:  # isolate the failing samples below
+            if len(images) == 1:
+                raise
+        values, errors = np.full(len(images), np.nan), [None] * len(images)
+        for i in range(len(images)):
+            try:
+                values[i] = float(self.score_batch(images[i:i + 1], prompts[i:i + 1], metadata[i:i + 1])[0])
             except Exception as exc:
-                errors[i] = f"{type(exc).__name__}: {exc}"
-                continue
-            if math.isfinite(value):
-                scores[i] = value
-            else:
-                errors[i] = f"non-finite score {value}"
-        return RewardOutput(scores=scores, errors=errors)
+                errors[i] = _describe(exc)
+        out = RewardOutput.from_scores(values)
+        out.errors = [e or o for e, o in zip(errors, out.errors, strict=True)]
+        return out
+
+
+class GroupwiseReward(Reward):
+    """A reward whose scores depend on the whole prompt group (all samples passed are one group)."""
+
+    kind: ClassVar[str] = "groupwise"

@@ -1,10 +1,10 @@
-"""Config of one reward and of how several are combined."""
+"""Config of one reward, of how several are combined, and of the remote reward server."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from components.config_base import Section
 
@@ -12,6 +12,35 @@ Aggregation = Literal["sum", "gdpo"]
 
 
 class RewardSpec(Section):
-    name: str = Field(min_length=1, description="registered reward name")
+    name: str = Field(min_length=1, description="registered reward name or dotted import path package.module:Class")
+    label: str | None = Field(default=None, description="key in metrics and results (default: the name)")
     weight: float = Field(default=1.0, description="weight in the combined reward (FLOWGRPO.md section 5)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
+    required: bool = Field(default=False, description="a failure of this reward aborts the step instead of "
+                                                      "excluding the failed samples")
+    timeout_s: float = Field(default=300.0, gt=0, description="seconds one scoring call may take")
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+
+def check_unique_keys(specs: list[RewardSpec], where: str) -> None:
+    keys = [s.key for s in specs]
+    for i, key in enumerate(keys):
+        if key in keys[:i]:
+            raise ValueError(f"{where}.{i}: reward {key!r} is listed twice (give one a distinct `label`)")
+
+
+class RewardServerConfig(Section):
+    url: str | None = Field(default=None, description="base URL of `flowgrpo reward-server`; null scores "
+                                                      "in this process")
+    timeout_s: float = Field(default=600.0, gt=0, description="seconds per scoring request")
+    retries: int = Field(default=3, ge=0, description="retries on connection errors, 408, 429 and 5xx")
+    max_in_flight: int = Field(default=4, ge=1, description="concurrent scoring requests")
+
+    @model_validator(mode="after")
+    def _check_url(self) -> RewardServerConfig:
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"reward_server.url must start with http:// or https://, got {self.url!r}")
+        return self

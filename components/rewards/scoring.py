@@ -1,38 +1,152 @@
-"""Score a batch with several rewards and combine them (FLOWGRPO.md section 5)."""
+"""Score batches with several rewards, combine them, and overlap scoring with sampling.
+
+``RewardSet`` scores in this process; ``components.rewards.client.RemoteRewardSet`` scores on a
+reward server. Both return ``{reward key: RewardOutput}`` and are driven by ``BackgroundScoring``,
+which scores each sampled batch while the next one is sampled.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import concurrent.futures as cf
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from components.errors import RewardError
 from components.rewards.base import Reward, RewardOutput
 from components.rewards.config import RewardSpec
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardCache
 
 
-@dataclass
-class RewardSet:
-    """The configured rewards, keyed by name (unique, checked by the config), with their weights."""
-
-    rewards: dict[str, Reward]
+class Scorer(Protocol):
     weights: dict[str, float]
+    required: set[str]
+    groupwise: set[str]
 
-    @classmethod
-    def from_specs(cls, specs: list[RewardSpec], where: str = "rewards") -> RewardSet:
-        rewards, weights = {}, {}
-        for i, spec in enumerate(specs):
-            rewards[spec.name] = build_reward(spec, where=f"{where}.{i}")
-            weights[spec.name] = spec.weight
-        return cls(rewards, weights)
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+              group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]: ...
 
-    def score(
-        self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]
-    ) -> dict[str, RewardOutput]:
-        """``images``: uint8 (B, H, W, 3). Returns each reward's output."""
-        return {name: reward(images, prompts, metadata) for name, reward in self.rewards.items()}
+    def close(self) -> None: ...
 
-    def combine(self, outputs: dict[str, RewardOutput]) -> np.ndarray:
-        """Weighted sum per sample; NaN where any reward failed."""
-        return sum(self.weights[name] * out.scores for name, out in outputs.items())
+
+def call_reward(reward: Reward, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                group_ids: Sequence[int]) -> RewardOutput:
+    """One reward on one batch; a groupwise reward is called once per group. Never raises."""
+    n = len(images)
+    try:
+        if reward.kind == "groupwise":
+            out = RewardOutput(scores=np.full(n, np.nan), errors=[None] * n)
+            ids = np.asarray(group_ids)
+            for g in dict.fromkeys(ids.tolist()):
+                idx = np.flatnonzero(ids == g)
+                part = reward(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
+                _check_length(part, len(idx))
+                out.scores[idx] = part.scores
+                for j, i in enumerate(idx):
+                    out.errors[i] = part.errors[j]
+            return out
+        out = reward(images, prompts, metadata)
+        _check_length(out, n)
+        return out
+    except Exception as exc:  # recorded as a failure of every sample of the batch
+        return RewardOutput.all_failed(n, f"{type(exc).__name__}: {exc}")
+
+
+def _check_length(out: RewardOutput, n: int) -> None:
+    if len(out.scores) != n or len(out.errors) != n:
+        raise ValueError(f"returned {len(out.scores)} scores for {n} samples")
+
+
+class RewardSet:
+    """The configured rewards in this process, keyed by ``spec.key``, each call bounded by its timeout."""
+
+    def __init__(self, specs: list[RewardSpec], cache: RewardCache | None = None, where: str = "rewards") -> None:
+        cache = cache or RewardCache()
+        self.specs = {s.key: s for s in specs}
+        self.rewards = {s.key: cache.get(s, f"{where}.{i}") for i, s in enumerate(specs)}
+        self.weights = {s.key: s.weight for s in specs}
+        self.required = {s.key for s in specs if s.required}
+        self.groupwise = {k for k, r in self.rewards.items() if r.kind == "groupwise"}
+        # Spare workers: a reward that hangs past its timeout keeps its thread until it returns.
+        self._pool = cf.ThreadPoolExecutor(max_workers=4 * len(specs) + 4, thread_name_prefix="reward")
+
+    def call(self, key: str, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+             group_ids: Sequence[int]) -> RewardOutput:
+        timeout = self.specs[key].timeout_s
+        future = self._pool.submit(call_reward, self.rewards[key], images, prompts, metadata, group_ids)
+        try:
+            return future.result(timeout=timeout)
+        except cf.TimeoutError:
+            return RewardOutput.all_failed(len(images), f"timed out after {timeout:g}s")
+
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+              group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]:
+        if len(keys) == 1:
+            return {keys[0]: self.call(keys[0], images, prompts, metadata, group_ids)}
+        futures = {k: self._pool.submit(self.call, k, images, prompts, metadata, group_ids) for k in keys}
+        return {k: f.result() for k, f in futures.items()}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def combine(outputs: dict[str, RewardOutput], weights: dict[str, float]) -> np.ndarray:
+    """Weighted sum per sample; NaN where any reward failed."""
+    return sum(weights[k] * out.scores for k, out in outputs.items())
+
+
+def check_required(outputs: dict[str, RewardOutput], required: set[str]) -> None:
+    """Abort the step when a reward marked ``required`` failed on any sample."""
+    for key in sorted(required & outputs.keys()):
+        out = outputs[key]
+        if out.failed:
+            first = next(e for e in out.errors if e is not None)
+            raise RewardError(f"required reward {key!r} failed on {out.failed} of {len(out.errors)} samples: {first}")
+
+
+def concat_outputs(parts: list[RewardOutput]) -> RewardOutput:
+    extra: dict[str, list[Any]] = {}
+    for part in parts:
+        for k, v in part.extra.items():
+            extra.setdefault(k, []).extend(v)
+    return RewardOutput(scores=np.concatenate([p.scores for p in parts]),
+                        errors=[e for p in parts for e in p.errors], extra=extra)
+
+
+class BackgroundScoring:
+    """Scores each submitted batch in the background; ``finish`` returns outputs for all samples in order.
+
+    Pointwise rewards run as soon as a batch is submitted (overlapping the sampling of the next batch);
+    groupwise rewards run in ``finish``, when every group is complete.
+    """
+
+    def __init__(self, scorer: Scorer, max_in_flight: int) -> None:
+        self.scorer = scorer
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="scoring")
+        self._pending: list[cf.Future] = []
+        self._batches: list[tuple[np.ndarray, list[str], list[dict[str, Any]], list[int]]] = []
+        self._lock = threading.Lock()
+        self.pointwise = [k for k in scorer.weights if k not in scorer.groupwise]
+
+    def submit(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+               group_ids: list[int]) -> None:
+        with self._lock:
+            self._batches.append((images, prompts, metadata, group_ids))
+            if self.pointwise:
+                self._pending.append(
+                    self._pool.submit(self.scorer.score, images, prompts, metadata, group_ids, self.pointwise))
+
+    def finish(self) -> dict[str, RewardOutput]:
+        results = [f.result() for f in self._pending]
+        outputs = {k: concat_outputs([r[k] for r in results]) for k in self.pointwise}
+        groupwise = [k for k in self.scorer.weights if k in self.scorer.groupwise]
+        if groupwise:
+            images = np.concatenate([b[0] for b in self._batches])
+            prompts = [p for b in self._batches for p in b[1]]
+            metadata = [m for b in self._batches for m in b[2]]
+            group_ids = [g for b in self._batches for g in b[3]]
+            outputs.update(self.scorer.score(images, prompts, metadata, group_ids, groupwise))
+        self._pool.shutdown(wait=True)
+        return {k: outputs[k] for k in self.scorer.weights}

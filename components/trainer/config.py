@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from components.config_base import Section
 from components.dataset.config import DataConfig
-from components.rewards.config import Aggregation, RewardSpec
+from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_unique_keys
 
 # The tiny model's LoRA also adapts the feed-forward layers and the output projection: with attention
 # alone a random 2-layer transformer cannot move the image statistics far (see tiny-cpu.yaml).
@@ -121,6 +121,7 @@ class TrainingJobConfig(Section):
         description="training rewards",
     )
     reward_aggregation: Aggregation = Field(default="sum", description="how several rewards combine")
+    reward_server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
 
     @model_validator(mode="after")
@@ -147,10 +148,7 @@ class TrainingJobConfig(Section):
             )
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
-        names = [r.name for r in self.rewards]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise ValueError(f"rewards.{i}.name: reward {name!r} is listed twice")
+        check_unique_keys(self.rewards, "rewards")
         if self.reward_aggregation == "gdpo" and len(self.rewards) < 2:
             raise ValueError("reward_aggregation 'gdpo' needs at least two rewards; use 'sum' for one")
         return self

@@ -15,14 +15,16 @@ import torch
 
 from components.dataset.prompts import load_prompts
 from components.errors import CheckpointError
-from components.rewards.scoring import RewardSet
+from components.rewards.base import RewardOutput
+from components.rewards.client import RemoteRewardSet
+from components.rewards.scoring import BackgroundScoring, RewardSet, Scorer, check_required, combine
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.config import TrainingJobConfig
 from components.trainer.ema import LoRAEMA
 from components.trainer.metrics import MetricsFile, progress_line
 from components.trainer.models import FlowMatchingModel, load_model
-from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout
 from components.trainer.update import UpdateSettings, policy_update
 
 FINAL_LORA_DIR = "lora"
@@ -104,26 +106,26 @@ def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def score_rollout(rewards: RewardSet, rollout: Rollout) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    prompts = [rollout.prompts[i] for i in rollout.prompt_index.tolist()]
-    outputs = rewards.score(rollout.images, prompts, [{} for _ in prompts])
-    per_reward = {name: out.scores for name, out in outputs.items()}
-    return per_reward, rewards.combine(outputs)
+def build_scorer(config: TrainingJobConfig) -> Scorer:
+    """Rewards scored on the configured reward server, or in this process."""
+    if config.reward_server.url:
+        return RemoteRewardSet(config.rewards, config.reward_server)
+    return RewardSet(config.rewards)
 
 
 def rollout_advantages(
-    config: TrainingJobConfig, rewards: RewardSet, per_reward: dict[str, np.ndarray], combined: np.ndarray,
+    config: TrainingJobConfig, weights: dict[str, float], outputs: dict[str, RewardOutput], combined: np.ndarray,
     group_ids: torch.Tensor,
 ) -> torch.Tensor:
     t = config.train
     kw = {"global_std": t.global_std, "clip": t.adv_clip_max}
     if config.reward_aggregation == "gdpo":
-        tensors = {k: torch.from_numpy(v).float() for k, v in per_reward.items()}
-        return gdpo_advantages(tensors, rewards.weights, group_ids.cpu(), **kw)
+        tensors = {k: torch.from_numpy(out.scores).float() for k, out in outputs.items()}
+        return gdpo_advantages(tensors, weights, group_ids.cpu(), **kw)
     return compute_advantages(torch.from_numpy(combined).float(), group_ids.cpu(), **kw)
 
 
-def _epoch_metrics(per_reward: dict[str, np.ndarray], combined: np.ndarray, advantages: torch.Tensor,
+def _epoch_metrics(outputs: dict[str, RewardOutput], combined: np.ndarray, advantages: torch.Tensor,
                    group_ids: torch.Tensor) -> dict[str, float]:
     def stats(x: np.ndarray) -> tuple[float, float]:
         ok = x[np.isfinite(x)]
@@ -131,8 +133,9 @@ def _epoch_metrics(per_reward: dict[str, np.ndarray], combined: np.ndarray, adva
 
     row: dict[str, float] = {}
     row["reward/mean"], row["reward/std"] = stats(combined)
-    for name, scores in per_reward.items():
-        row[f"reward/{name}/mean"], row[f"reward/{name}/std"] = stats(scores)
+    for key, out in outputs.items():
+        row[f"reward/{key}/mean"], row[f"reward/{key}/std"] = stats(out.scores)
+        row[f"reward/{key}/failed_fraction"] = out.failed / len(out.errors) if out.errors else 0.0
     row.update(group_statistics(torch.from_numpy(combined), group_ids.cpu()))
     row["advantage/mean"] = float(advantages.mean())
     row["advantage/abs_mean"] = float(advantages.abs().mean())
@@ -150,7 +153,7 @@ class Trainer:
         self.output_dir = Path(output_dir)
         self.log = log
         self.prompts = load_prompts(config.data)
-        self.rewards = RewardSet.from_specs(config.rewards)
+        self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed)
         device = self.model.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -211,13 +214,22 @@ class Trainer:
         prompts = _epoch_prompts(self.prompts, cfg.sampling.prompts_per_epoch, cpu_gen)
         sampler = _sampler_settings(cfg, cpu_gen)
 
+        group_size = cfg.sampling.group_size
+        scoring = BackgroundScoring(self.scorer, max_in_flight=cfg.reward_server.max_in_flight)
+
+        def score_batch(images: np.ndarray, idx: torch.Tensor) -> None:
+            groups = (idx // group_size).tolist()
+            scoring.submit(images, [prompts[g] for g in groups], [{} for _ in groups], groups)
+
         t0 = time.perf_counter()
-        rollout = sample_rollout(self.model, prompts, cfg.sampling.group_size, cfg.sampling.batch_size, sampler,
-                                 noise_gen)
+        rollout = sample_rollout(self.model, prompts, group_size, cfg.sampling.batch_size, sampler, noise_gen,
+                                 on_batch=score_batch)
         t1 = time.perf_counter()
-        per_reward, combined = score_rollout(self.rewards, rollout)
+        outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
         t2 = time.perf_counter()
-        advantages = rollout_advantages(cfg, self.rewards, per_reward, combined, rollout.prompt_index)
+        check_required(outputs, self.scorer.required)
+        combined = combine(outputs, self.scorer.weights)
+        advantages = rollout_advantages(cfg, self.scorer.weights, outputs, combined, rollout.prompt_index)
         update_metrics, self.optimizer_step = policy_update(
             self.model, self.optimizer, self.params, rollout, advantages, sampler, _update_settings(cfg), cpu_gen,
             self.ema, self.optimizer_step,
@@ -225,7 +237,7 @@ class Trainer:
         t3 = time.perf_counter()
 
         self.epoch += 1
-        row = {"epoch": self.epoch, **_epoch_metrics(per_reward, combined, advantages, rollout.prompt_index)}
+        row = {"epoch": self.epoch, **_epoch_metrics(outputs, combined, advantages, rollout.prompt_index)}
         row.update(update_metrics)
         row.update({
             "lr": self.optimizer.param_groups[0]["lr"], "optimizer_step": self.optimizer_step,
@@ -241,13 +253,16 @@ class Trainer:
             self.log(f"nothing to do: {self.epoch} of {total} epochs already done")
         started = time.perf_counter()
         first_epoch = self.epoch
-        while self.epoch < total:
-            row = self.run_epoch()
-            self.metrics.append(row)
-            rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
-            self.log(progress_line(row, total, rate * (total - self.epoch)))
-            if self.epoch % cfg.train.checkpoint_every == 0 or self.epoch == total:
-                self.save_checkpoint()
+        try:
+            while self.epoch < total:
+                row = self.run_epoch()
+                self.metrics.append(row)
+                rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
+                self.log(progress_line(row, total, rate * (total - self.epoch)))
+                if self.epoch % cfg.train.checkpoint_every == 0 or self.epoch == total:
+                    self.save_checkpoint()
+        finally:
+            self.scorer.close()
         lora_dir = self.output_dir / FINAL_LORA_DIR
         self._save_lora(lora_dir)
         return TrainResult(self.output_dir, self.metrics.read(), lora_dir)

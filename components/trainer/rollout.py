@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,8 +80,13 @@ def sample_rollout(
     batch_size: int,
     settings: SamplerSettings,
     generator: torch.Generator,
+    on_batch: Callable[[np.ndarray, torch.Tensor], None] | None = None,
 ) -> Rollout:
-    """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass."""
+    """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass.
+
+    ``on_batch(images, sample_indices)`` is called as soon as each batch is decoded, so scoring can
+    overlap the sampling of the next batch.
+    """
     embeds = model.encode_prompts(prompts)
     prompt_index = torch.arange(len(prompts), device=model.device).repeat_interleave(group_size)
     sigmas = model.sigmas(settings.num_steps, settings.resolution)
@@ -113,6 +119,8 @@ def sample_rollout(
         trajectories.append(torch.stack(states, dim=1))
         log_probs.append(torch.stack(lps, dim=1))
         images.append(to_pixels(model.decode(x)))
+        if on_batch is not None:
+            on_batch(images[-1], idx.cpu())
 
     t_idx = torch.tensor(train_steps)
     return Rollout(

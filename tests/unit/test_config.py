@@ -73,7 +73,7 @@ def test_bad_values_name_the_key(overrides, needles):
 
 def test_duplicate_reward_is_rejected(tmp_path):
     path = _write(tmp_path, "rewards:\n  - name: brightness\n  - name: brightness\n")
-    with pytest.raises(ConfigError, match=r"rewards\.1\.name: reward 'brightness' is listed twice"):
+    with pytest.raises(ConfigError, match=r"rewards\.1: reward 'brightness' is listed twice"):
         load_config(path)
 
 

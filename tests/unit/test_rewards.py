@@ -12,7 +12,7 @@ from components.rewards.brightness import Brightness
 from components.rewards.config import RewardSpec
 from components.rewards.jpeg import JpegCompressibility, JpegIncompressibility
 from components.rewards.registry import build_reward
-from components.rewards.scoring import RewardSet
+from components.rewards.scoring import RewardSet, combine
 
 
 def _images(n=3, seed=0):
@@ -66,11 +66,10 @@ def test_registry_errors_name_the_key():
 
 
 def test_reward_set_scores_and_combines_with_weights():
-    rs = RewardSet.from_specs([RewardSpec(name="brightness", weight=2.0),
-                               RewardSpec(name="jpeg_incompressibility", weight=-1.0)])
+    rs = RewardSet([RewardSpec(name="brightness", weight=2.0), RewardSpec(name="jpeg_incompressibility", weight=-1.0)])
     images = np.zeros((2, 8, 8, 3), dtype=np.uint8)
     images[1] = 255
-    outs = rs.score(images, ["a", "b"], [{}, {}])
+    outs = rs.score(images, ["a", "b"], [{}, {}], [0, 0], list(rs.weights))
     np.testing.assert_allclose(outs["brightness"].scores, [0.0, 1.0])
-    combined = rs.combine(outs)
+    combined = combine(outs, rs.weights)
     np.testing.assert_allclose(combined, 2.0 * outs["brightness"].scores - outs["jpeg_incompressibility"].scores)

@@ -1,0 +1,262 @@
+"""The reward service (FastAPI): scores images with a configured set of rewards over HTTP.
+
+Endpoints: ``GET /healthz``, ``GET /readyz``, ``GET /v1/rewards``, ``POST /v1/score``,
+``GET /metrics`` (Prometheus), and Flow-Factory's remote-reward API (``GET /health``,
+``POST /compute``). Rewards load in a background thread at start-up; until they are loaded
+``/readyz`` and the scoring endpoints answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from components.reward_server.batching import Batcher
+from components.reward_server.settings import ServerSettings
+from components.rewards.base import BatchedReward, RewardOutput
+from components.rewards.codec import ImageDecodeError, ImageTooLargeError, decode_image_b64
+from components.rewards.scoring import RewardSet, combine
+from components.rewards.wire import (
+    ComputeRequest,
+    RewardInfo,
+    RewardResult,
+    RewardsResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+log = logging.getLogger("flowgrpo.reward_server")
+COMPUTE_PATH = "/compute"
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` gets 413 before the app parses it."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._reject(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _reject(self, scope, receive, send) -> None:
+        message = f"request body exceeds the limit of {self.max_bytes} bytes"
+        key = "error" if scope.get("path") == COMPUTE_PATH else "detail"
+        await JSONResponse({key: message}, status_code=413)(scope, receive, send)
+
+
+class RewardService:
+    """The loaded rewards, their batchers and metrics."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.rewards: RewardSet | None = None
+        self.load_error: str | None = None
+        self.batchers: dict[str, Batcher] = {}
+        self.registry = CollectorRegistry()
+        self.requests = Counter("reward_server_requests_total", "HTTP requests", ["endpoint", "status"],
+                                registry=self.registry)
+        self.images = Counter("reward_server_images_total", "images scored", ["reward"], registry=self.registry)
+        self.failures = Counter("reward_server_failures_total", "samples whose reward failed", ["reward"],
+                                registry=self.registry)
+        self.seconds = Histogram("reward_server_reward_seconds", "seconds per reward call", ["reward"],
+                                 registry=self.registry)
+
+    def load(self) -> None:
+        try:
+            rewards = RewardSet(self.settings.rewards)
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("loading rewards failed: %s", self.load_error)
+            return
+        b = self.settings.batching
+        for key, reward in rewards.rewards.items():
+            if isinstance(reward, BatchedReward):
+                self.batchers[key] = Batcher(
+                    lambda im, pr, md, gi, key=key: rewards.call(key, im, pr, md, gi), b.window_ms / 1000, b.max_batch)
+        self.rewards = rewards
+        log.info("rewards loaded: %s", ", ".join(rewards.weights))
+
+    def ready(self) -> RewardSet:
+        if self.rewards is None:
+            raise HTTPException(503, self.load_error or "rewards are still loading")
+        return self.rewards
+
+    def decode(self, images: list[str]) -> np.ndarray:
+        limits = self.settings.limits
+        if len(images) > limits.max_images:
+            raise HTTPException(413, f"{len(images)} images exceed the limit of {limits.max_images} per request")
+        decoded = []
+        for i, data in enumerate(images):
+            try:
+                decoded.append(decode_image_b64(data, limits.max_pixels))
+            except ImageDecodeError as exc:
+                status = 413 if isinstance(exc, ImageTooLargeError) else 422
+                raise HTTPException(status, f"images[{i}]: {exc}") from exc
+        if not decoded:
+            return np.zeros((0, 1, 1, 3), dtype=np.uint8)
+        shapes = {im.shape for im in decoded}
+        if len(shapes) > 1:
+            raise HTTPException(422, f"all images of a request must have one size, got {sorted(shapes)}")
+        return np.stack(decoded)
+
+    async def score(self, keys: list[str], images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                    group_ids: list[int]) -> dict[str, RewardOutput]:
+        rewards = self.ready()
+
+        async def one(key: str) -> RewardOutput:
+            start = time.perf_counter()
+            if key in self.batchers:
+                out = await self.batchers[key].score(images, prompts, metadata)
+            else:
+                out = await run_in_threadpool(rewards.call, key, images, prompts, metadata, group_ids)
+            self.seconds.labels(key).observe(time.perf_counter() - start)
+            self.images.labels(key).inc(len(images))
+            self.failures.labels(key).inc(out.failed)
+            return out
+
+        outputs = await asyncio.gather(*(one(k) for k in keys))
+        return dict(zip(keys, outputs, strict=True))
+
+
+def _finite_or_none(scores: np.ndarray) -> list[float | None]:
+    return [float(s) if np.isfinite(s) else None for s in scores]
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    service = RewardService(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        threading.Thread(target=service.load, name="reward-loader", daemon=True).start()
+        yield
+        if service.rewards is not None:
+            service.rewards.close()
+
+    app = FastAPI(title="FlowGRPO reward server", version="1", lifespan=lifespan)
+    app.state.service = service
+    app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        service.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    def _error(request: Request, status: int, detail: Any) -> JSONResponse:
+        if request.url.path == COMPUTE_PATH:
+            return JSONResponse({"error": detail if isinstance(detail, str) else json.dumps(detail)}, status)
+        return JSONResponse({"detail": detail}, status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(request, exc.status_code, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        messages = ["{}: {}".format(".".join(str(p) for p in e["loc"]), e["msg"].removeprefix("Value error, "))
+                    for e in exc.errors()]
+        return _error(request, 422, "; ".join(messages))
+
+    @app.get("/healthz", summary="the process is up")
+    @app.get("/health", summary="the process is up (Flow-Factory's name)")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="rewards are loaded", responses={503: {"description": "still loading or failed"}})
+    async def readyz() -> dict[str, Any]:
+        service.ready()
+        return {"ready": True}
+
+    @app.get("/v1/rewards", response_model=RewardsResponse, responses={503: {"description": "not ready"}})
+    async def list_rewards() -> RewardsResponse:
+        rewards = service.ready()
+        return RewardsResponse(rewards=[
+            RewardInfo(key=k, name=rewards.specs[k].name, kind=r.kind, weight=rewards.weights[k])
+            for k, r in rewards.rewards.items()
+        ])
+
+    @app.post("/v1/score", response_model=ScoreResponse,
+              responses={400: {"description": "unknown reward"}, 413: {"description": "over a limit"},
+                         422: {"description": "invalid request or image"}, 503: {"description": "not ready"}})
+    async def score(request: ScoreRequest) -> ScoreResponse:
+        start = time.perf_counter()
+        rewards = service.ready()
+        keys = request.rewards if request.rewards is not None else list(rewards.weights)
+        unknown = [k for k in keys if k not in rewards.rewards]
+        if unknown:
+            raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
+                                     f"served: {', '.join(rewards.weights)}")
+        images = await run_in_threadpool(service.decode, request.images)
+        n = len(images)
+        metadata = request.metadata or [{} for _ in range(n)]
+        group_ids = request.group_ids or [0] * n
+        outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
+        return ScoreResponse(
+            results={k: RewardResult(scores=_finite_or_none(o.scores), errors=o.errors, extra=o.extra)
+                     for k, o in outputs.items()},
+            seconds=time.perf_counter() - start,
+        )
+
+    @app.post(COMPUTE_PATH, summary="Flow-Factory remote reward: the weighted sum of every served reward",
+              responses={413: {"description": "over a limit"}, 422: {"description": "invalid request"},
+                         500: {"description": "a reward failed"}, 503: {"description": "not ready"}})
+    async def compute(request: ComputeRequest) -> dict[str, Any]:
+        rewards = service.ready()
+        prompts, images_b64 = request.prompt_list(), request.image_list()
+        if len(prompts) != len(images_b64):
+            raise HTTPException(422, f"prompt has {len(prompts)} items but image has {len(images_b64)}")
+        images = await run_in_threadpool(service.decode, images_b64)
+        extra = request.kwargs or request.extra or {}
+        metadata = [dict(extra) for _ in prompts]
+        outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
+        for key, out in outputs.items():
+            if out.failed:
+                i = next(j for j, e in enumerate(out.errors) if e is not None)
+                return JSONResponse({"error": f"reward {key!r} failed on sample {i}: {out.errors[i]}"}, 500)
+        return {"rewards": [float(s) for s in combine(outputs, rewards.weights)]}
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,53 @@
+"""What a reward server serves and the limits it enforces (the YAML of `flowgrpo reward-server --config`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from components.config_base import Section, format_validation_error
+from components.errors import ConfigError
+from components.rewards.config import RewardSpec, check_unique_keys
+
+
+class Limits(Section):
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="request body size")
+    max_images: int = Field(default=256, ge=1, description="images per request")
+    max_pixels: int = Field(default=4096 * 4096, ge=1, description="pixels per image, checked before decoding")
+
+
+class Batching(Section):
+    window_ms: float = Field(default=5.0, ge=0, description="how long a batched reward waits for more requests")
+    max_batch: int = Field(default=64, ge=1, description="images per batched call")
+
+
+class ServerSettings(Section):
+    rewards: list[RewardSpec] = Field(min_length=1)
+    limits: Limits = Field(default_factory=Limits)
+    batching: Batching = Field(default_factory=Batching)
+
+    @model_validator(mode="after")
+    def _unique(self) -> ServerSettings:
+        check_unique_keys(self.rewards, "rewards")
+        return self
+
+
+def load_settings(config: Path | None, reward_names: str | None) -> ServerSettings:
+    """From ``--config FILE`` (per-reward options) or ``--rewards a,b`` (defaults, no file)."""
+    if (config is None) == (reward_names is None):
+        raise ConfigError("give exactly one of --rewards NAME[,NAME...] and --config FILE")
+    try:
+        if config is None:
+            names = [n.strip() for n in reward_names.split(",") if n.strip()]
+            return ServerSettings(rewards=[RewardSpec(name=n) for n in names])
+        if not config.is_file():
+            raise ConfigError(f"config file {config} does not exist")
+        try:
+            data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config}: YAML syntax error: {exc}") from exc
+        return ServerSettings.model_validate(data or {})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(config or "--rewards"))) from exc

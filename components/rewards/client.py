@@ -1,0 +1,110 @@
+"""The trainer's client for `flowgrpo reward-server`: async HTTP on a background event loop, with a
+connection pool, a timeout, bounded in-flight requests and retries on transient failures."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+
+from components.errors import RewardError
+from components.rewards.base import RewardOutput
+from components.rewards.codec import encode_png_b64
+from components.rewards.config import RewardServerConfig, RewardSpec
+from components.rewards.wire import RewardsResponse, ScoreRequest, ScoreResponse
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+async def request_with_retries(client: httpx.AsyncClient, method: str, url: str, *, retries: int,
+                               backoff_s: float = 0.5, **kwargs: Any) -> httpx.Response:
+    """Send a request; retry connection errors, timeouts, 408, 429 and 5xx with jittered exponential
+    backoff. Returns the last response (possibly an error status); raises the last transport error."""
+    for attempt in range(retries + 1):
+        try:
+            response = await client.request(method, url, **kwargs)
+        except (httpx.TransportError, httpx.TimeoutException):
+            if attempt == retries:
+                raise
+        else:
+            if response.status_code not in RETRY_STATUSES or attempt == retries:
+                return response
+        await asyncio.sleep(backoff_s * 2**attempt * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+class RemoteRewardSet:
+    """Scores on a reward server. Keys, weights and ``required`` come from the trainer's reward specs;
+    what each reward computes (its args) is the server's configuration."""
+
+    def __init__(self, specs: list[RewardSpec], config: RewardServerConfig) -> None:
+        self.url = config.url.rstrip("/")
+        self.config = config
+        self.weights = {s.key: s.weight for s in specs}
+        self.required = {s.key for s in specs if s.required}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="reward-client", daemon=True)
+        self._thread.start()
+        self._client = self._run(self._make_client())
+        self._semaphore = asyncio.Semaphore(config.max_in_flight)
+        try:
+            served = self._run(self._served())
+        except BaseException:
+            self.close()
+            raise
+        missing = [k for k in self.weights if k not in served]
+        if missing:
+            self.close()
+            raise RewardError(f"reward server {self.url} does not serve {', '.join(missing)}; "
+                              f"it serves {', '.join(sorted(served)) or 'nothing'}")
+        self.groupwise = {k for k in self.weights if served[k] == "groupwise"}
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _make_client(self) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=self.config.max_in_flight,
+                              max_keepalive_connections=self.config.max_in_flight)
+        return httpx.AsyncClient(timeout=self.config.timeout_s, limits=limits)
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        url = f"{self.url}{path}"
+        try:
+            async with self._semaphore:
+                response = await request_with_retries(self._client, method, url, retries=self.config.retries,
+                                                      **kwargs)
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            raise RewardError(f"reward server {url} unreachable after {self.config.retries} retries: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise RewardError(f"reward server {url} answered {response.status_code}: {response.text[:300]}")
+        return response
+
+    async def _served(self) -> dict[str, str]:
+        response = await self._send("GET", "/v1/rewards")
+        return {r.key: r.kind for r in RewardsResponse.model_validate_json(response.content).rewards}
+
+    def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+              group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]:
+        # PNG encoding runs in the calling (scoring) thread, not on the event loop.
+        request = ScoreRequest(prompts=prompts, images=[encode_png_b64(im) for im in images], metadata=metadata,
+                               group_ids=list(group_ids), rewards=list(keys))
+        response = self._run(self._send("POST", "/v1/score", content=request.model_dump_json(),
+                                        headers={"content-type": "application/json"}))
+        results = ScoreResponse.model_validate_json(response.content).results
+        return {k: RewardOutput(scores=np.array([np.nan if s is None else s for s in results[k].scores], dtype=float),
+                                errors=list(results[k].errors), extra=results[k].extra) for k in keys}
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        if getattr(self, "_client", None) is not None:
+            self._run(self._client.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()

@@ -1,0 +1,47 @@
+"""Images on the wire: base64 PNG out, base64 PNG/JPEG in, with size checks before decoding."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+
+class ImageDecodeError(ValueError):
+    """An image that cannot be decoded."""
+
+
+class ImageTooLargeError(ImageDecodeError):
+    """An image with more pixels than allowed (found from its header, before decoding)."""
+
+
+def encode_png_b64(image: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG", compress_level=1)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def decode_image_b64(data: str, max_pixels: int) -> np.ndarray:
+    """uint8 (H, W, 3). Accepts plain base64 or a data URL. The pixel count is checked from the header,
+    before any pixel is decoded, so a decompression bomb costs nothing."""
+    if data.startswith("data:"):
+        data = data.partition(",")[2]
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ImageDecodeError(f"not valid base64 ({exc})") from exc
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            width, height = im.size
+            if width * height > max_pixels:
+                raise ImageTooLargeError(f"{width}x{height} = {width * height} pixels exceeds the limit of {max_pixels}")
+            if im.format not in ("PNG", "JPEG"):
+                raise ImageDecodeError(f"format {im.format} is not PNG or JPEG")
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except Image.DecompressionBombError as exc:  # PIL's own header check, above its larger global limit
+        raise ImageTooLargeError(f"{exc} (limit {max_pixels} pixels)") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise ImageDecodeError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,36 @@
+"""`rank`: a groupwise wrapper that replaces any pointwise reward by its rank within the prompt group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from components.rewards.base import GroupwiseReward, RewardOutput
+from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardCache
+
+
+class Rank(GroupwiseReward):
+    """``argsort(argsort(s)) / K`` over the group's valid scores (FLOWGRPO.md section 8).
+
+    ``reward`` is the wrapped reward's config, e.g. ``{name: jpeg_compressibility}``. Samples whose
+    inner score failed stay failed and are not ranked.
+    """
+
+    name = "rank"
+
+    def __init__(self, reward: dict[str, Any], cache: RewardCache) -> None:
+        spec = RewardSpec.model_validate(reward)
+        self.inner = cache.get(spec, "rank.reward")
+        if self.inner.kind != "pointwise":
+            raise ValueError(f"rank wraps a pointwise reward; {spec.name!r} is {self.inner.kind}")
+
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+        inner = self.inner(images, prompts, metadata)
+        valid = np.flatnonzero(np.isfinite(inner.scores))
+        scores = np.full(len(images), np.nan)
+        if valid.size:
+            ranks = np.argsort(np.argsort(inner.scores[valid], kind="stable"), kind="stable")
+            scores[valid] = ranks / valid.size
+        return RewardOutput(scores=scores, errors=list(inner.errors), extra={"inner": inner.scores.tolist()})

@@ -1,0 +1,78 @@
+"""The reward server's HTTP API as pydantic models, shared by the server and its client."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: list[str] = Field(description="one prompt per image")
+    images: list[str] = Field(description="base64 PNG or JPEG (a data URL is accepted)")
+    metadata: list[dict[str, Any]] | None = Field(default=None, description="per-sample fields, e.g. ground_truth")
+    group_ids: list[int] | None = Field(default=None, description="prompt group of each sample (groupwise "
+                                                                   "rewards); default: one group")
+    rewards: list[str] | None = Field(default=None, description="reward keys to compute; default: all served")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> ScoreRequest:
+        n = len(self.images)
+        for field in ("prompts", "metadata", "group_ids"):
+            value = getattr(self, field)
+            if value is not None and len(value) != n:
+                raise ValueError(f"{field} has {len(value)} items but images has {n}")
+        return self
+
+
+class RewardResult(BaseModel):
+    scores: list[float | None] = Field(description="null where the reward failed")
+    errors: list[str | None]
+    extra: dict[str, list[Any]] = Field(default_factory=dict)
+
+
+class ScoreResponse(BaseModel):
+    results: dict[str, RewardResult]
+    seconds: float
+
+
+class RewardInfo(BaseModel):
+    key: str
+    name: str
+    kind: Literal["pointwise", "groupwise"]
+    weight: float
+
+
+class RewardsResponse(BaseModel):
+    rewards: list[RewardInfo]
+
+
+class ComputeRequest(BaseModel):
+    """Flow-Factory's RemoteRewardClient body. Only the prompts are required; both singular and
+    plural spellings are accepted, and the optional inputs may come as explicit nulls."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: list[str] | None = None
+    prompts: list[str] | None = None
+    image: list[str] | None = None
+    images: list[str] | None = None
+    video: Any = None
+    condition_images: Any = None
+    condition_videos: Any = None
+    kwargs: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt_list(self) -> ComputeRequest:
+        if self.prompt is None and self.prompts is None:
+            raise ValueError("the body needs `prompt` (a list of strings)")
+        return self
+
+    def prompt_list(self) -> list[str]:
+        return self.prompt if self.prompt is not None else self.prompts or []
+
+    def image_list(self) -> list[str]:
+        return self.image if self.image is not None else self.images or []
