@@ -37,7 +37,8 @@ def decode_image_b64(data: str, max_pixels: int) -> np.ndarray:
         with Image.open(io.BytesIO(raw)) as im:
             width, height = im.size
             if width * height > max_pixels:
-                raise ImageTooLargeError(f"{width}x{height} = {width * height} pixels exceeds the limit of {max_pixels}")
+                raise ImageTooLargeError(
+                    f"{width}x{height} = {width * height} pixels exceeds the limit of {max_pixels}")
             if im.format not in ("PNG", "JPEG"):
                 raise ImageDecodeError(f"format {im.format} is not PNG or JPEG")
             return np.asarray(im.convert("RGB"), dtype=np.uint8)

@@ -113,9 +113,9 @@ def test_failures_are_per_sample_and_never_5xx(server):
     [
         (lambda b: b.update(rewards=["nope"]), 400, "unknown reward(s) 'nope'"),
         (lambda b: b.update(prompts=["only one"]), 422, "prompts has 1 items but images has 2"),
-        (lambda b: b.update(images=b["images"] * 5, prompts=b["prompts"] * 5), 413, "exceed the limit of 8 per request"),
+        (lambda b: b.update(images=b["images"] * 5, prompts=b["prompts"] * 5), 413, "limit of 8 per request"),
         (lambda b: b["images"].__setitem__(0, "!!!not base64"), 422, "images[0]: not valid base64"),
-        (lambda b: b["images"].__setitem__(0, base64.b64encode(b"garbage" * 10).decode()), 422, "cannot decode"),
+        (lambda b: b["images"].__setitem__(0, base64.b64encode(b"junk" * 10).decode()), 422, "cannot decode"),
         (lambda b: b["images"].__setitem__(0, encode_png_b64(_image(1, size=8))), 422, "one size"),
         (lambda b: b["images"].__setitem__(0, encode_png_b64(_image(1, size=80))), 413, "exceeds the limit"),
         (lambda b: b.update(extra_field=1), 422, "extra_field"),
