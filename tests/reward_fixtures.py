@@ -77,3 +77,10 @@ class FailsToLoad(PointwiseReward):
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
         return 0.0
+
+
+class PromptLength(PointwiseReward):
+    """len(prompt): shows which prompt each sample was scored with."""
+
+    def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
+        return float(len(prompt))

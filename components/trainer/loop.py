@@ -39,7 +39,10 @@ class TrainResult:
     def learning_summary(self) -> dict[str, float]:
         """First-epoch mean and per-sample std, last-3-epoch mean, and whether it beat mean + std / 2."""
         first = self.history[0]
-        last3 = statistics.fmean(row["reward/mean"] for row in self.history[-3:])
+        nan = float("nan")
+        last3 = statistics.fmean(nan if row["reward/mean"] is None else row["reward/mean"] for row in self.history[-3:])
+        if first["reward/mean"] is None:
+            return {"first_mean": nan, "first_std": nan, "last3_mean": last3, "threshold": nan, "learned": False}
         threshold = first["reward/mean"] + first["reward/std"] / 2
         return {"first_mean": first["reward/mean"], "first_std": first["reward/std"],
                 "last3_mean": last3, "threshold": threshold, "learned": last3 > threshold}
@@ -217,8 +220,8 @@ class Trainer:
         group_size = cfg.sampling.group_size
         scoring = BackgroundScoring(self.scorer, max_in_flight=cfg.reward_server.max_in_flight)
 
-        def score_batch(images: np.ndarray, idx: torch.Tensor) -> None:
-            groups = (idx // group_size).tolist()
+        def score_batch(images: np.ndarray, prompt_idx: torch.Tensor) -> None:
+            groups = prompt_idx.tolist()  # a sample's prompt is its GRPO group
             scoring.submit(images, [prompts[g] for g in groups], [{} for _ in groups], groups)
 
         t0 = time.perf_counter()

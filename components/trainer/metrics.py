@@ -25,8 +25,11 @@ class MetricsFile:
         return kept
 
     def append(self, row: dict) -> None:
+        """Non-finite values (e.g. the mean of an epoch whose rewards all failed) are written as null,
+        so every line is strict JSON."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(clean, allow_nan=False) + "\n")
             f.flush()
 
 
@@ -37,8 +40,8 @@ def _duration(seconds: float) -> str:
 
 def progress_line(row: dict, total_epochs: int, eta_seconds: float) -> str:
     def f(key: str, fmt: str = ".4g") -> str:
-        value = row.get(key, math.nan)
-        return format(value, fmt)
+        value = row.get(key)
+        return "n/a" if value is None or not math.isfinite(value) else format(value, fmt)
 
     return (
         f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean')} ± {f('reward/std', '.3g')}"

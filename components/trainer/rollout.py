@@ -84,7 +84,7 @@ def sample_rollout(
 ) -> Rollout:
     """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass.
 
-    ``on_batch(images, sample_indices)`` is called as soon as each batch is decoded, so scoring can
+    ``on_batch(images, prompt_indices)`` is called as soon as each batch is decoded, so scoring can
     overlap the sampling of the next batch.
     """
     embeds = model.encode_prompts(prompts)
