@@ -79,3 +79,64 @@ def test_default_config_learns_for_every_seed(tmp_path, seed):
     assert sum(last3) / 3 > threshold, (first, last3)
     assert "LEARNED" in proc.stdout and f"{first['reward/mean']:.6g}" in proc.stdout
     assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@pytest.mark.parametrize("how", ["names", "config"])
+def test_reward_server_command_serves_over_http(tmp_path, how):
+    import httpx
+    import numpy as np
+    from servers import free_port
+
+    from components.rewards.codec import encode_png_b64
+
+    port = free_port()
+    if how == "names":
+        args = ["--rewards", "brightness,jpeg_compressibility"]
+    else:
+        config = tmp_path / "server.yaml"
+        config.write_text("rewards:\n  - name: brightness\n    label: bright\n    weight: 3.0\n"
+                          "limits:\n  max_images: 2\n")
+        args = ["--config", str(config)]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "reward-server", *args, "--port", str(port)],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc)
+        listed = {r["key"]: r["weight"] for r in httpx.get(f"{url}/v1/rewards").json()["rewards"]}
+        image = np.full((8, 8, 3), 255, dtype=np.uint8)
+        body = {"prompts": ["a"], "images": [encode_png_b64(image)]}
+        results = httpx.post(f"{url}/v1/score", json=body).json()["results"]
+        if how == "names":
+            assert listed == {"brightness": 1.0, "jpeg_compressibility": 1.0}
+            assert results["brightness"]["scores"] == [1.0]
+        else:
+            assert listed == {"bright": 3.0} and results["bright"]["scores"] == [1.0]
+            three = {"prompts": ["a"] * 3, "images": body["images"] * 3}
+            assert httpx.post(f"{url}/v1/score", json=three).status_code == 413
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_reward_server_command_rejects_bad_rewards_before_starting():
+    line = _error_line(flowgrpo("reward-server", "--rewards", "brightness,shiny"))
+    assert "rewards.1.name: unknown reward 'shiny'" in line
+    line = _error_line(flowgrpo("reward-server"))
+    assert "exactly one of --rewards" in line
