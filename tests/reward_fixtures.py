@@ -84,3 +84,14 @@ class PromptLength(PointwiseReward):
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
         return float(len(prompt))
+
+
+class Sleep(BatchedReward):
+    """Takes ``seconds`` per call and scores 0: a stand-in for a reward model of known cost."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def score_batch(self, images, prompts, metadata) -> np.ndarray:
+        time.sleep(self.seconds)
+        return np.zeros(len(images))

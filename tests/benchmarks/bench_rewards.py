@@ -1,0 +1,132 @@
+"""Benchmarks of the reward path; each prints ratios measured side by side in one run.
+
+1. Server overhead: images/s through POST /v1/score (PNG encode, HTTP, decode) vs the same reward
+   called in-process, batch 32, for jpeg_compressibility and ocr (target >= 0.9).
+2. Batching: 32 concurrent single-image requests vs one 32-image request to a batched reward whose
+   call has a fixed cost (like a model forward).
+3. Overlap: a training epoch with a reward that takes as long as sampling, vs sampling alone
+   (target <= 1.2; scoring after sampling would be 2x).
+
+    python tests/benchmarks/bench_rewards.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: reward_fixtures, servers
+
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+from servers import running_server  # noqa: E402
+
+from components.reward_server.settings import Batching, ServerSettings  # noqa: E402
+from components.rewards.client import RemoteRewardSet  # noqa: E402
+from components.rewards.codec import encode_png_b64  # noqa: E402
+from components.rewards.config import RewardServerConfig, RewardSpec  # noqa: E402
+from components.rewards.scoring import RewardSet  # noqa: E402
+
+
+def _text_images(n: int, size: int = 128) -> np.ndarray:
+    font = ImageFont.load_default(size=24)
+    out = []
+    for i in range(n):
+        im = Image.new("RGB", (size, size), (255, 255, 255))
+        ImageDraw.Draw(im).text((8, size // 3), f"word {i}", fill=(0, 0, 0), font=font)
+        out.append(np.asarray(im))
+    return np.stack(out)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def server_overhead(repeats: int) -> None:
+    images = _text_images(32)
+    prompts = [f'a sign that says "word {i}"' for i in range(32)]
+    meta = [{} for _ in prompts]
+    groups = list(range(32))
+    for name in ("jpeg_compressibility", "ocr"):
+        specs = [RewardSpec(name=name)]
+        local = RewardSet(specs)
+        with running_server(ServerSettings(rewards=specs)) as url:
+            remote = RemoteRewardSet(specs, RewardServerConfig(url=url))
+            local.score(images, prompts, meta, groups, [name])  # warm-up (loads the OCR engine)
+            remote.score(images, prompts, meta, groups, [name])
+            ratios = []
+            for _ in range(repeats):
+                t_local = _timed(lambda: local.score(images, prompts, meta, groups, [name]))  # noqa: B023
+                t_remote = _timed(lambda: remote.score(images, prompts, meta, groups, [name]))  # noqa: B023
+                ratios.append(t_local / t_remote)  # = (images/s via server) / (images/s in-process)
+            remote.close()
+        local.close()
+        print(f"server overhead, {name}, batch 32: throughput via server / in-process = "
+              f"{statistics.median(ratios):.3f} (median of {repeats}; target >= 0.9)")
+
+
+def batching(repeats: int) -> None:
+    spec = RewardSpec(name="reward_fixtures:Sleep", label="model", args={"seconds": 0.05})
+    images = [encode_png_b64(im) for im in _text_images(32, size=32)]
+    settings = ServerSettings(rewards=[spec], batching=Batching(window_ms=10, max_batch=32))
+    with running_server(settings) as url, httpx.Client(timeout=60) as client:
+        def one_request():
+            client.post(f"{url}/v1/score", json={"prompts": ["p"] * 32, "images": images})
+
+        def singles():
+            with cf.ThreadPoolExecutor(32) as pool:
+                list(pool.map(lambda im: httpx.post(f"{url}/v1/score", json={"prompts": ["p"], "images": [im]},
+                                                    timeout=60), images))
+
+        one_request(), singles()
+        pairs = [(_timed(singles), _timed(one_request)) for _ in range(repeats)]
+    ratio = statistics.median(s / b for s, b in pairs)
+    print(f"batching: 32 concurrent single-image requests / one 32-image request = {ratio:.2f}x the time "
+          f"(a reward call costs 0.05 s; unbatched singles would be ~32x)")
+
+
+def overlap(epochs: int) -> None:
+    from components.trainer.loop import Trainer
+    from pipeline.config import load_config
+
+    with tempfile.TemporaryDirectory() as out:
+        base = Trainer(load_config(None), Path(out) / "a", log=lambda _m: None)
+        base.run_epoch()  # warm-up
+        sampling = statistics.median(base.run_epoch()["time/sampling"] for _ in range(epochs))
+        config = load_config(None)
+        n_batches = config.sampling.prompts_per_epoch * config.sampling.group_size // config.sampling.batch_size
+        per_call = sampling / n_batches
+        slow = load_config(None, [
+            "rewards=[{name: brightness}, {name: 'reward_fixtures:Sleep', label: slow, weight: 0.0, "
+            f"args: {{seconds: {per_call}}}}}]"])
+        trainer = Trainer(slow, Path(out) / "b", log=lambda _m: None)
+        trainer.run_epoch()
+        rows = [trainer.run_epoch() for _ in range(epochs)]
+    total = statistics.median(r["time/sampling"] + r["time/scoring"] for r in rows)
+    print(f"overlap: sampling + scoring with a reward as slow as sampling ({per_call * n_batches:.2f}s) "
+          f"= {total / sampling:.2f}x sampling alone (target <= 1.2; sequential would be 2x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    server_overhead(args.repeats)
+    batching(args.repeats)
+    overlap(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
