@@ -26,10 +26,11 @@ from starlette.concurrency import run_in_threadpool
 from components.reward_server.batching import Batcher
 from components.reward_server.settings import ServerSettings
 from components.rewards.base import BatchedReward, RewardOutput
-from components.rewards.codec import ImageDecodeError, ImageTooLargeError, decode_image_b64
+from components.rewards.codec import ImageDecodeError, ImageTooLargeError, decode_image_b64, decode_raw_b64
 from components.rewards.scoring import RewardSet, combine
 from components.rewards.wire import (
     ComputeRequest,
+    RawPixels,
     RewardInfo,
     RewardResult,
     RewardsResponse,
@@ -120,10 +121,16 @@ class RewardService:
             raise HTTPException(503, self.load_error or "rewards are still loading")
         return self.rewards
 
-    def decode(self, images: list[str]) -> np.ndarray:
+    def decode(self, images: list[str], pixels: RawPixels | None = None) -> np.ndarray:
         limits = self.settings.limits
-        if len(images) > limits.max_images:
-            raise HTTPException(413, f"{len(images)} images exceed the limit of {limits.max_images} per request")
+        n = pixels.shape[0] if pixels is not None else len(images)
+        if n > limits.max_images:
+            raise HTTPException(413, f"{n} images exceed the limit of {limits.max_images} per request")
+        if pixels is not None:
+            try:
+                return decode_raw_b64(pixels.data, pixels.shape, limits.max_pixels)
+            except ImageDecodeError as exc:
+                raise HTTPException(413 if isinstance(exc, ImageTooLargeError) else 422, str(exc)) from exc
         decoded = []
         for i, data in enumerate(images):
             try:
@@ -226,7 +233,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         if unknown:
             raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
                                      f"served: {', '.join(rewards.weights)}")
-        images = await run_in_threadpool(service.decode, request.images)
+        images = await run_in_threadpool(service.decode, request.images, request.pixels)
         n = len(images)
         metadata = request.metadata or [{} for _ in range(n)]
         group_ids = request.group_ids or [0] * n

@@ -4,7 +4,6 @@ connection pool, a timeout, bounded in-flight requests and retries on transient 
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -14,28 +13,12 @@ import numpy as np
 
 from components.errors import RewardError
 from components.rewards.base import RewardOutput
-from components.rewards.codec import encode_png_b64
+from components.rewards.codec import encode_raw_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
-from components.rewards.wire import RewardsResponse, ScoreRequest, ScoreResponse
+from components.rewards.http_retry import RetriesExhausted, send_with_retries
+from components.rewards.wire import RawPixels, RewardsResponse, ScoreRequest, ScoreResponse
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-
-
-async def request_with_retries(client: httpx.AsyncClient, method: str, url: str, *, retries: int,
-                               backoff_s: float = 0.5, **kwargs: Any) -> httpx.Response:
-    """Send a request; retry connection errors, timeouts, 408, 429 and 5xx with jittered exponential
-    backoff. Returns the last response (possibly an error status); raises the last transport error."""
-    for attempt in range(retries + 1):
-        try:
-            response = await client.request(method, url, **kwargs)
-        except (httpx.TransportError, httpx.TimeoutException):
-            if attempt == retries:
-                raise
-        else:
-            if response.status_code not in RETRY_STATUSES or attempt == retries:
-                return response
-        await asyncio.sleep(backoff_s * 2**attempt * (0.5 + random.random()))
-    raise AssertionError("unreachable")
+BACKOFF_S = 0.5
 
 
 class RemoteRewardSet:
@@ -75,12 +58,11 @@ class RemoteRewardSet:
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         url = f"{self.url}{path}"
         try:
-            async with self._semaphore:
-                response = await request_with_retries(self._client, method, url, retries=self.config.retries,
-                                                      **kwargs)
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
-            raise RewardError(f"reward server {url} unreachable after {self.config.retries} retries: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            response = await send_with_retries(lambda: self._client.request(method, url, **kwargs),
+                                               retries=self.config.retries, backoff_s=BACKOFF_S,
+                                               limit=self._semaphore)
+        except RetriesExhausted as exc:
+            raise RewardError(f"reward server {url}: {exc}") from exc
         if response.status_code >= 400:
             raise RewardError(f"reward server {url} answered {response.status_code}: {response.text[:300]}")
         return response
@@ -91,9 +73,10 @@ class RemoteRewardSet:
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
               group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]:
-        # PNG encoding runs in the calling (scoring) thread, not on the event loop.
-        request = ScoreRequest(prompts=prompts, images=[encode_png_b64(im) for im in images], metadata=metadata,
-                               group_ids=list(group_ids), rewards=list(keys))
+        # Raw pixels: lossless and far cheaper than PNG; encoded in the calling (scoring) thread.
+        pixels = RawPixels(shape=images.shape, data=encode_raw_b64(images))
+        request = ScoreRequest(prompts=prompts, pixels=pixels, metadata=metadata, group_ids=list(group_ids),
+                               rewards=list(keys))
         response = self._run(self._send("POST", "/v1/score", content=request.model_dump_json(),
                                         headers={"content-type": "application/json"}))
         results = ScoreResponse.model_validate_json(response.content).results

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+
+
+class RawPixels(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    shape: tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt] = Field(
+        description="(images, height, width, 3)")
+    data: str = Field(description="base64 of the uint8 pixels in C order")
 
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompts: list[str] = Field(description="one prompt per image")
-    images: list[str] = Field(description="base64 PNG or JPEG (a data URL is accepted)")
+    images: list[str] = Field(default_factory=list, description="base64 PNG or JPEG (a data URL is accepted)")
+    pixels: RawPixels | None = Field(default=None, description="instead of `images`: raw pixels of equally "
+                                                               "sized images (what the trainer sends)")
     metadata: list[dict[str, Any]] | None = Field(default=None, description="per-sample fields, e.g. ground_truth")
     group_ids: list[int] | None = Field(default=None, description="prompt group of each sample (groupwise "
                                                                    "rewards); default: one group")
@@ -19,11 +29,13 @@ class ScoreRequest(BaseModel):
 
     @model_validator(mode="after")
     def _lengths(self) -> ScoreRequest:
-        n = len(self.images)
+        if self.pixels is not None and self.images:
+            raise ValueError("give images or pixels, not both")
+        n = self.pixels.shape[0] if self.pixels is not None else len(self.images)
         for field in ("prompts", "metadata", "group_ids"):
             value = getattr(self, field)
             if value is not None and len(value) != n:
-                raise ValueError(f"{field} has {len(value)} items but images has {n}")
+                raise ValueError(f"{field} has {len(value)} items but there are {n} images")
         return self
 
 

@@ -26,16 +26,16 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: reward_fixtures, servers
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image, ImageDraw, ImageFont  # noqa: E402
-from servers import running_server  # noqa: E402
+import httpx
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+from servers import running_server
 
-from components.reward_server.settings import Batching, ServerSettings  # noqa: E402
-from components.rewards.client import RemoteRewardSet  # noqa: E402
-from components.rewards.codec import encode_png_b64  # noqa: E402
-from components.rewards.config import RewardServerConfig, RewardSpec  # noqa: E402
-from components.rewards.scoring import RewardSet  # noqa: E402
+from components.reward_server.settings import Batching, ServerSettings
+from components.rewards.client import RemoteRewardSet
+from components.rewards.codec import encode_png_b64
+from components.rewards.config import RewardServerConfig, RewardSpec
+from components.rewards.scoring import RewardSet
 
 
 def _text_images(n: int, size: int = 128) -> np.ndarray:

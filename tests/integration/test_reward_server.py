@@ -112,7 +112,7 @@ def test_failures_are_per_sample_and_never_5xx(server):
     ("mutate", "status", "needle"),
     [
         (lambda b: b.update(rewards=["nope"]), 400, "unknown reward(s) 'nope'"),
-        (lambda b: b.update(prompts=["only one"]), 422, "prompts has 1 items but images has 2"),
+        (lambda b: b.update(prompts=["only one"]), 422, "prompts has 1 items but there are 2 images"),
         (lambda b: b.update(images=b["images"] * 5, prompts=b["prompts"] * 5), 413, "limit of 8 per request"),
         (lambda b: b["images"].__setitem__(0, "!!!not base64"), 422, "images[0]: not valid base64"),
         (lambda b: b["images"].__setitem__(0, base64.b64encode(b"junk" * 10).decode()), 422, "cannot decode"),
@@ -223,3 +223,24 @@ def test_readiness_waits_for_slow_loading_and_reports_load_failures():
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert httpx.get(f"{url}/readyz").status_code == 503
+
+
+def test_raw_pixels_are_scored_like_png(server):
+    from components.rewards.codec import encode_raw_b64
+
+    imgs = np.stack([_image(10), _image(200)])
+    raw = {"shape": list(imgs.shape), "data": encode_raw_b64(imgs)}
+    r = httpx.post(f"{server}/v1/score", json={"prompts": ["a", "b"], "pixels": raw, "rewards": ["brightness"]})
+    assert r.status_code == 200 and r.json()["results"]["brightness"]["scores"] == pytest.approx(
+        [_luma(i) for i in imgs])
+    bad = [
+        ({"shape": [2, 16, 16, 3], "data": raw["data"][:-8]}, 422, "bytes but shape"),
+        ({"shape": [2, 16, 16, 4], "data": raw["data"]}, 422, "(B, H, W, 3)"),
+        ({"shape": [2, 100, 100, 3], "data": raw["data"]}, 413, "exceeds the limit"),
+        ({"shape": [9, 16, 16, 3], "data": raw["data"]}, 413, "limit of 8 per request"),
+    ]
+    for pixels, status, needle in bad:
+        r = httpx.post(f"{server}/v1/score", json={"prompts": ["a"] * pixels["shape"][0], "pixels": pixels})
+        assert r.status_code == status and needle in r.json()["detail"], (pixels["shape"], r.text)
+    both = {"prompts": ["a", "b"], "pixels": raw, "images": [encode_png_b64(imgs[0])] * 2}
+    assert "not both" in httpx.post(f"{server}/v1/score", json=both).json()["detail"]

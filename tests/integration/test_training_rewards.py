@@ -79,7 +79,7 @@ def test_optional_failing_reward_is_counted_not_fatal(small_config, tmp_path):
 
 def test_server_down_is_a_clear_error_after_retries(small_config, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RewardError, match=rf"reward server {url}/v1/rewards unreachable after 1 retries: Connect"):
+    with pytest.raises(RewardError, match=rf"reward server {url}/v1/rewards: gave up after 2 attempts, last: Connect"):
         train(small_config(f"reward_server.url={url}", "reward_server.retries=1"), tmp_path, log=_quiet)
 
 

@@ -73,3 +73,42 @@ def test_reward_set_scores_and_combines_with_weights():
     np.testing.assert_allclose(outs["brightness"].scores, [0.0, 1.0])
     combined = combine(outs, rs.weights)
     np.testing.assert_allclose(combined, 2.0 * outs["brightness"].scores - outs["jpeg_incompressibility"].scores)
+
+
+def test_identical_configs_share_one_instance_across_reward_sets():
+    from components.rewards.registry import RewardCache
+
+    cache = RewardCache()
+    train = RewardSet([RewardSpec(name="jpeg_compressibility"),
+                       RewardSpec(name="rank", args={"reward": {"name": "jpeg_compressibility"}})], cache=cache)
+    evaluation = RewardSet([RewardSpec(name="jpeg_compressibility", label="jpeg_eval", weight=3.0)], cache=cache)
+    shared = train.rewards["jpeg_compressibility"]
+    assert evaluation.rewards["jpeg_eval"] is shared
+    assert train.rewards["rank"].inner is shared  # the wrapper reuses it too
+    other = RewardSet([RewardSpec(name="ocr", args={"min_confidence": 0.1})], cache=cache)
+    assert other.rewards["ocr"] is not RewardSet([RewardSpec(name="ocr")], cache=cache).rewards["ocr"]
+
+
+def test_dotted_path_rewards_and_bad_paths():
+    from components.rewards.registry import reward_class
+
+    assert reward_class("components.rewards.brightness:Brightness") is Brightness
+    assert reward_class("components.rewards.brightness.Brightness") is Brightness
+    with pytest.raises(RewardError, match="cannot import reward 'no_such_module:X'"):
+        reward_class("no_such_module:X")
+    with pytest.raises(RewardError, match=r"is not a subclass of components\.rewards\.base\.Reward"):
+        reward_class("numpy:ndarray")
+
+
+def test_batched_reward_isolates_the_failing_sample():
+    from components.rewards.base import BatchedReward
+
+    class PicksyMean(BatchedReward):
+        def score_batch(self, images, prompts, metadata):
+            if "bad" in prompts:
+                raise ValueError("cannot score 'bad'")
+            return images.reshape(len(images), -1).mean(axis=1)
+
+    out = PicksyMean()(_images(), ["ok", "bad", "ok"], [{}] * 3)
+    assert np.isnan(out.scores[1]) and "cannot score 'bad'" in out.errors[1]
+    np.testing.assert_allclose(out.scores[[0, 2]], _images()[[0, 2]].reshape(2, -1).mean(axis=1))

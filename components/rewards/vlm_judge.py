@@ -1,0 +1,301 @@
+"""VLM-as-judge (FLOWGRPO.md section 8): an OpenAI-compatible chat endpoint (vLLM in production) sees
+each image as a PNG data URL plus a question, and its reply becomes the reward.
+
+Modes:
+- ``yes_no``: one token with its top logprobs; the score is ``sigmoid(logprob(Yes) - logprob(No))``.
+- ``score``: the first number in the reply, normalised from ``[score_min, score_max]`` to [0, 1].
+- ``ocr``: the reply is a transcription, scored with the ``ocr`` reward's text formula.
+
+Each sample is its own request: a failing request (after retries where retrying can help) fails only
+its sample, recorded in ``RewardOutput.errors`` with a NaN score.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import math
+import os
+import re
+import string
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from components.rewards.base import Reward, RewardOutput
+from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
+from components.rewards.text_match import ocr_score, target_text
+
+MODES = ("yes_no", "score", "ocr")
+# vLLM's default --max-logprobs; asking for more is a 400 there.
+TOP_LOGPROBS = 20
+DEFAULT_MAX_TOKENS = {"score": 16, "ocr": 128}
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EXCERPT = EXCERPT
+
+
+class JudgeError(Exception):
+    """One sample's request or reply could not be turned into a score."""
+
+
+def default_question(mode: str, score_min: float = 0.0, score_max: float = 10.0) -> str:
+    """The question template used when none is configured."""
+    if mode == "yes_no":
+        return 'Does this image match the description "{prompt}"? Answer Yes or No.'
+    if mode == "score":
+        return (f'How well does this image match the description "{{prompt}}"? Rate it from {score_min:g} '
+                f"(not at all) to {score_max:g} (perfectly). Reply with the number only.")
+    return "Transcribe all the text in this image exactly. Reply with the text only."
+
+
+def png_data_url(image: np.ndarray) -> str:
+    """A ``data:image/png;base64,...`` URL of a uint8 (H, W, 3) image."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _token_text(entry: dict[str, Any]) -> str:
+    # A byte-level piece that is not valid UTF-8 on its own comes back as token "". vLLM then sends
+    # bytes [] too (such a piece can be neither Yes nor No, so it just never matches); servers that
+    # send the raw bytes let us read the token from them.
+    token = entry.get("token") or ""
+    raw = entry.get("bytes")
+    if not token and raw:
+        token = bytes(raw).decode("utf-8", errors="replace")
+    return token
+
+
+def _logsumexp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def yes_no_probability(top_logprobs: list[dict[str, Any]]) -> float:
+    """``sigmoid(logprob(Yes) - logprob(No))`` from one position's top logprobs.
+
+    Tokens match case-insensitively after stripping whitespace ("Yes", " yes", "YES" are all Yes); the
+    variants' probabilities are summed (logsumexp). When only one side appears, the other's logprob is
+    taken as the lowest logprob in the list: an upper bound on it (it ranked below every listed token),
+    so the score is pulled toward 0.5 rather than overstated. Neither side listed raises ``JudgeError``.
+    """
+    sides: dict[str, list[float]] = {"yes": [], "no": []}
+    for entry in top_logprobs:
+        word = _token_text(entry).strip().casefold()
+        if word in sides:
+            sides[word].append(float(entry["logprob"]))
+    if not sides["yes"] and not sides["no"]:
+        listed = [_token_text(e) for e in top_logprobs]
+        raise JudgeError(f"neither Yes nor No among the top logprobs {listed!r}")
+    floor = min(float(e["logprob"]) for e in top_logprobs)
+    yes, no = (_logsumexp(v) if v else floor for v in (sides["yes"], sides["no"]))
+    return _sigmoid(yes - no)
+
+
+def parse_score(reply: str, score_min: float, score_max: float) -> float:
+    """The first number in ``reply`` mapped from ``[score_min, score_max]`` to [0, 1]; ``JudgeError`` when
+    there is none or it is out of range."""
+    match = _NUMBER.search(reply)
+    if match is None:
+        raise JudgeError(f"no number in reply {reply[:_EXCERPT]!r}")
+    value = float(match.group())
+    if not score_min <= value <= score_max:
+        raise JudgeError(f"score {value:g} outside [{score_min:g}, {score_max:g}] in reply {reply[:_EXCERPT]!r}")
+    return (value - score_min) / (score_max - score_min)
+
+
+def _first_choice(response: Any) -> tuple[dict[str, Any], str]:
+    """The first choice of a chat-completions response and its text ("" when the content is null)."""
+    try:
+        choice = response["choices"][0]
+        return choice, choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise JudgeError(f"malformed chat-completions response {str(response)[:_EXCERPT]!r}") from exc
+
+
+def _check_template(question: str) -> None:
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(question) if name is not None}
+    except ValueError as exc:
+        raise ValueError(f"vlm_judge: question {question!r} is not a valid template: {exc}") from exc
+    if fields - {"prompt"}:
+        raise ValueError(f"vlm_judge: question may use only the {{prompt}} placeholder, found "
+                         f"{sorted(fields - {'prompt'})} (write literal braces as {{{{ and }}}})")
+
+
+def _int_at_least(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"vlm_judge: {name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"vlm_judge: {name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _run(coro: Any) -> Any:
+    """``asyncio.run`` the coroutine, in a helper thread when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlm-judge") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+class VLMJudge(Reward):
+    """Scores images by asking a vision-language model behind an OpenAI-compatible chat endpoint.
+
+    Args:
+        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (``/chat/completions`` is appended).
+        model: the served model name.
+        mode: ``yes_no``, ``score`` or ``ocr``.
+        question: the question template; ``{prompt}`` is replaced by the sample's prompt. Defaults per mode.
+        score_min, score_max: the numeric scale of ``score`` mode, mapped to [0, 1].
+        max_tokens: reply length cap for ``score`` / ``ocr`` (``yes_no`` always reads one token).
+        api_key_env: the environment variable holding the API key, sent as a Bearer token when set; read at
+            each call, so the key is never in config nor in the (picklable) reward object.
+        max_concurrency: requests in flight at once per call.
+        timeout_s: limit for one request attempt, connect to last byte.
+        retries: extra attempts after HTTP 408/429/5xx, connection errors and timeouts.
+        backoff_s: the first retry's mean delay; doubles per retry, with +-50% jitter.
+    """
+
+    name = "vlm_judge"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        mode: str = "yes_no",
+        question: str | None = None,
+        score_min: float = 0.0,
+        score_max: float = 10.0,
+        max_tokens: int | None = None,
+        api_key_env: str = "VLM_JUDGE_API_KEY",
+        max_concurrency: int = 8,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        if not isinstance(base_url, str) or not re.match(r"https?://[^/\s]+", base_url):
+            raise ValueError(f"vlm_judge: base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
+                             f"got {base_url!r}")
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"vlm_judge: model must be the served model name, got {model!r}")
+        if mode not in MODES:
+            raise ValueError(f"vlm_judge: mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if _finite("score_min", score_min) >= _finite("score_max", score_max):
+            raise ValueError(f"vlm_judge: score_min ({score_min}) must be below score_max ({score_max})")
+        if question is None:
+            question = default_question(mode, score_min, score_max)
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"vlm_judge: question must be a non-empty string, got {question!r}")
+        _check_template(question)
+        if mode == "yes_no" and max_tokens not in (None, 1):
+            raise ValueError(f"vlm_judge: yes_no mode reads the first token only; max_tokens must be unset, "
+                             f"got {max_tokens!r}")
+        if not isinstance(api_key_env, str) or not _ENV_NAME.fullmatch(api_key_env):
+            raise ValueError(f"vlm_judge: api_key_env must name an environment variable (the key itself never "
+                             f"goes in config), got {api_key_env!r}")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.mode = mode
+        self.question = question
+        self.score_min, self.score_max = float(score_min), float(score_max)
+        self.max_tokens = 1 if mode == "yes_no" else _int_at_least(
+            "max_tokens", DEFAULT_MAX_TOKENS[mode] if max_tokens is None else max_tokens)
+        self.api_key_env = api_key_env
+        self.max_concurrency = _int_at_least("max_concurrency", max_concurrency)
+        self.retries = _int_at_least("retries", retries, minimum=0)
+        self.timeout_s, self.backoff_s = _finite("timeout_s", timeout_s), _finite("backoff_s", backoff_s)
+        if self.timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError(f"vlm_judge: timeout_s must be > 0 and backoff_s >= 0, got {timeout_s!r} and "
+                             f"{backoff_s!r}")
+
+    def request_body(self, image: np.ndarray, prompt: str) -> dict[str, Any]:
+        """The chat-completions request sent for one sample."""
+        content = [
+            {"type": "image_url", "image_url": {"url": png_data_url(image)}},
+            {"type": "text", "text": self.question.format(prompt=prompt)},
+        ]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": self.max_tokens,
+            "temperature": 0.0,
+        }
+        if self.mode == "yes_no":
+            body.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
+        return body
+
+    def _score(self, choice: dict[str, Any], text: str, prompt: str, metadata: dict[str, Any]) -> float:
+        if self.mode == "yes_no":
+            try:
+                top = choice["logprobs"]["content"][0]["top_logprobs"]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise JudgeError(f"response has no top logprobs: {str(choice)[:_EXCERPT]!r}") from exc
+            if not top:
+                raise JudgeError("response has an empty top_logprobs list")
+            return yes_no_probability(top)
+        if self.mode == "score":
+            return parse_score(text, self.score_min, self.score_max)
+        return ocr_score(text, target_text(prompt, metadata))
+
+    async def _post(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, body: dict[str, Any]) -> dict:
+        try:
+            response = await send_with_retries(lambda: client.post("chat/completions", json=body),
+                                               retries=self.retries, backoff_s=self.backoff_s,
+                                               timeout_s=self.timeout_s, limit=limit)
+        except RetriesExhausted as exc:
+            raise JudgeError(str(exc)) from exc
+        if response.status_code != 200:
+            raise JudgeError(f"HTTP {response.status_code}: {response.text[:_EXCERPT]}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise JudgeError(f"response is not JSON: {response.text[:_EXCERPT]!r}") from exc
+
+    async def _score_all(self, images: np.ndarray, prompts: list[str],
+                         metadata: list[dict[str, Any]]) -> list[tuple[float, str | None, str | None]]:
+        limit = asyncio.Semaphore(self.max_concurrency)
+        key = os.environ.get(self.api_key_env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        pool = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+
+        async def one(image: np.ndarray, prompt: str, meta: dict[str, Any]) -> tuple[float, str | None, str | None]:
+            text = None  # kept when the reply came back but could not be scored, to show what it was
+            try:
+                choice, text = _first_choice(await self._post(client, limit, self.request_body(image, prompt)))
+                return self._score(choice, text, prompt, meta), text, None
+            except Exception as exc:  # a judge failure is data, recorded per sample
+                message = str(exc) if isinstance(exc, JudgeError) else f"{type(exc).__name__}: {exc}"
+                return math.nan, text, f"vlm_judge: {message}"
+
+        # asyncio.timeout in _post bounds each attempt; httpx's own timeout is only a backstop.
+        async with httpx.AsyncClient(base_url=self.base_url + "/", headers=headers, limits=pool,
+                                     timeout=self.timeout_s + 1) as client:
+            return await asyncio.gather(*(one(i, p, m) for i, p, m in zip(images, prompts, metadata, strict=True)))
+
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+        if not len(images) == len(prompts) == len(metadata):
+            raise ValueError(f"vlm_judge: {len(images)} images, {len(prompts)} prompts and {len(metadata)} "
+                             "metadata entries; expected one of each per sample")
+        results = _run(self._score_all(images, prompts, metadata))
+        out = RewardOutput.from_scores([score for score, _, _ in results], extra={"reply": [r for _, r, _ in results]})
+        out.errors = [error or other for (_, _, error), other in zip(results, out.errors, strict=True)]
+        return out
