@@ -6,7 +6,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import uvicorn
@@ -21,6 +21,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ok(url: str, timeout_s: float, dead: Callable[[], str | None] = lambda: None,
+                  interval_s: float = 0.1) -> None:
+    """Poll ``url`` until it answers 200. ``dead()`` returns a message when the server's process has
+    exited, to stop waiting at once; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = dead()
+        if message:
+            raise RuntimeError(message)
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(interval_s)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:g}s")
+
+
 @contextlib.contextmanager
 def running_server(settings: ServerSettings, wait_ready: bool = True, timeout_s: float = 60) -> Iterator[str]:
     """Yields the base URL; waits for /readyz (or only /healthz with ``wait_ready=False``)."""
@@ -29,18 +47,8 @@ def running_server(settings: ServerSettings, wait_ready: bool = True, timeout_s:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    path = "/readyz" if wait_ready else "/healthz"
     try:
-        while True:
-            try:
-                if httpx.get(url + path, timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reward server not {'ready' if wait_ready else 'up'} after {timeout_s}s")
-            time.sleep(0.05)
+        wait_until_ok(url + ("/readyz" if wait_ready else "/healthz"), timeout_s, interval_s=0.05)
         yield url
     finally:
         server.should_exit = True

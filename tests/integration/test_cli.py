@@ -81,28 +81,11 @@ def test_default_config_learns_for_every_seed(tmp_path, seed):
     assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file()
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 60) -> None:
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
 @pytest.mark.parametrize("how", ["names", "config"])
 def test_reward_server_command_serves_over_http(tmp_path, how):
     import httpx
     import numpy as np
-    from servers import free_port
+    from servers import free_port, wait_until_ok
 
     from components.rewards.codec import encode_png_b64
 
@@ -118,7 +101,7 @@ def test_reward_server_command_serves_over_http(tmp_path, how):
                             cwd=REPO, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc)
+        wait_until_ok(f"{url}/readyz", 60, dead=lambda: proc.poll() is not None and proc.stderr.read())
         listed = {r["key"]: r["weight"] for r in httpx.get(f"{url}/v1/rewards").json()["rewards"]}
         image = np.full((8, 8, 3), 255, dtype=np.uint8)
         body = {"prompts": ["a"], "images": [encode_png_b64(image)]}

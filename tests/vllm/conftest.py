@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from servers import free_port, wait_until_ok  # tests/servers.py
 from tiny_qwen2vl import SERVED_NAME  # beside this file; pytest puts this folder on sys.path
 
 from components.rewards.vlm_judge import png_data_url
@@ -53,12 +53,6 @@ class VLLMServer:
         return response.json()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _tail(path: Path, lines: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
 
@@ -78,18 +72,13 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def _wait_ready(process: subprocess.Popen, base: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"vllm serve exited with code {process.returncode} before it was ready; log tail:\n"
-                        f"{_tail(log)}")
-        try:
-            if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"vllm serve not ready after {START_TIMEOUT_S:.0f} s; log tail:\n{_tail(log)}")
+    def dead() -> str | None:
+        return process.poll() is not None and f"vllm serve exited with code {process.returncode} before it was ready"
+
+    try:
+        wait_until_ok(f"{base}/health", START_TIMEOUT_S, dead=dead, interval_s=1)
+    except (RuntimeError, TimeoutError) as exc:
+        pytest.fail(f"{exc}; log tail:\n{_tail(log)}")
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +106,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         pytest.fail(f"building the tiny Qwen2-VL failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
     _timings["model build"] = time.monotonic() - start
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = root / "server.log"
     command = [str(bin_dir / "vllm"), "serve", str(model_dir), "--served-model-name", SERVED_NAME,
