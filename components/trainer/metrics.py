@@ -43,8 +43,10 @@ def progress_line(row: dict, total_epochs: int, eta_seconds: float) -> str:
         value = row.get(key)
         return "n/a" if value is None or not math.isfinite(value) else format(value, fmt)
 
+    failed = row.get("failed_fraction") or 0.0
+    failures = f" ({failed:.0%} of samples failed a reward)" if failed else ""
     return (
-        f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean')} ± {f('reward/std', '.3g')}"
+        f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean')} ± {f('reward/std', '.3g')}{failures}"
         f" | loss {f('policy_loss', '.3g')} kl {f('kl', '.3g')} clipfrac {f('clipfrac', '.3f')}"
         f" | {f('images_per_s', '.1f')} img/s | sample {f('time/sampling', '.2f')}s"
         f" score {f('time/scoring', '.2f')}s train {f('time/training', '.2f')}s | eta {_duration(eta_seconds)}"
