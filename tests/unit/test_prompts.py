@@ -54,14 +54,3 @@ def test_exactly_one_source():
     with pytest.raises(ValidationError, match=r"data\.prompts\.1 is empty"):
         DataConfig(prompts=["a", " "])
 
-
-def test_progress_line_shows_failures_and_missing_values():
-    from components.trainer.metrics import progress_line
-
-    row = {"epoch": 2, "reward/mean": None, "reward/std": None, "failed_fraction": 0.25, "policy_loss": 0.5,
-           "kl": 0.0, "clipfrac": 0.1, "images_per_s": 10.0, "time/sampling": 1.0, "time/scoring": 0.5,
-           "time/training": 2.0}
-    line = progress_line(row, 5, 75)
-    assert line.startswith("epoch 2/5 reward n/a ± n/a (25% of samples failed a reward)")
-    assert "eta 1m15s" in line
-    assert "failed" not in progress_line({**row, "failed_fraction": 0.0, "reward/mean": 0.5}, 5, 1)
