@@ -8,6 +8,7 @@ which scores each sampled batch while the next one is sampled.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import queue
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -18,6 +19,8 @@ from components.errors import RewardError
 from components.rewards.base import Reward, RewardOutput
 from components.rewards.config import RewardSpec
 from components.rewards.registry import RewardCache
+
+WORKERS_PER_REWARD = 4
 
 
 class Scorer(Protocol):
@@ -59,6 +62,52 @@ def _check_length(out: RewardOutput, n: int) -> None:
         raise ValueError(f"returned {len(out.scores)} scores for {n} samples")
 
 
+class DaemonPool:
+    """``submit`` like a ThreadPoolExecutor, on daemon threads started as needed: a reward call that never
+    returns must not keep the process from exiting (executor threads are joined at exit)."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers = max_workers
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+
+    def submit(self, fn, *args) -> cf.Future:
+        future: cf.Future = cf.Future()
+        self._queue.put((future, fn, args))
+        with self._lock:
+            if self._idle == 0 and self._threads < self.max_workers:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"{self.name}-{self._threads}", daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            item = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+            if item is None:
+                return
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Stop each worker after the calls already queued."""
+        with self._lock:
+            workers = self._threads
+        for _ in range(workers):
+            self._queue.put(None)
+
+
 class RewardSet:
     """The configured rewards in this process, keyed by ``spec.key``, each call bounded by its timeout."""
 
@@ -69,27 +118,32 @@ class RewardSet:
         self.weights = {s.key: s.weight for s in specs}
         self.required = {s.key for s in specs if s.required}
         self.groupwise = {k for k, r in self.rewards.items() if r.kind == "groupwise"}
-        # Spare workers: a reward that hangs past its timeout keeps its thread until it returns.
-        self._pool = cf.ThreadPoolExecutor(max_workers=4 * len(specs) + 4, thread_name_prefix="reward")
+        # Each reward has its own workers, so one that hangs past its timeout (keeping its thread until it
+        # returns) delays no other reward; its calls still queued when their time is up are cancelled.
+        # Fanning out over several rewards only waits, with timeouts, on those workers.
+        self._workers = {k: DaemonPool(WORKERS_PER_REWARD, f"reward-{k}") for k in self.rewards}
+        self._fanout = DaemonPool(WORKERS_PER_REWARD * len(specs), "reward-fanout")
 
     def call(self, key: str, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
              group_ids: Sequence[int]) -> RewardOutput:
         timeout = self.specs[key].timeout_s
-        future = self._pool.submit(call_reward, self.rewards[key], images, prompts, metadata, group_ids)
+        future = self._workers[key].submit(call_reward, self.rewards[key], images, prompts, metadata, group_ids)
         try:
             return future.result(timeout=timeout)
         except cf.TimeoutError:
+            future.cancel()
             return RewardOutput.all_failed(len(images), f"timed out after {timeout:g}s")
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
               group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]:
         if len(keys) == 1:
             return {keys[0]: self.call(keys[0], images, prompts, metadata, group_ids)}
-        futures = {k: self._pool.submit(self.call, k, images, prompts, metadata, group_ids) for k in keys}
+        futures = {k: self._fanout.submit(self.call, k, images, prompts, metadata, group_ids) for k in keys}
         return {k: f.result() for k, f in futures.items()}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (*self._workers.values(), self._fanout):
+            pool.shutdown()
 
 
 def combine(outputs: dict[str, RewardOutput], weights: dict[str, float]) -> np.ndarray:

@@ -112,3 +112,24 @@ def test_batched_reward_isolates_the_failing_sample():
     out = PicksyMean()(_images(), ["ok", "bad", "ok"], [{}] * 3)
     assert np.isnan(out.scores[1]) and "cannot score 'bad'" in out.errors[1]
     np.testing.assert_allclose(out.scores[[0, 2]], _images()[[0, 2]].reshape(2, -1).mean(axis=1))
+
+
+def test_rewards_that_never_return_cannot_deadlock_scoring():
+    """Far more concurrent batches than worker threads, each with a reward that outlives the test:
+    every call must come back as a timeout, promptly, while the other reward still scores."""
+    import concurrent.futures as cf
+    import time
+
+    specs = [RewardSpec(name="brightness"),
+             RewardSpec(name="reward_fixtures:Hang", label="hang", args={"seconds": 60}, timeout_s=0.2)]
+    rs = RewardSet(specs)
+    images = _images(2)
+    started = time.perf_counter()
+    with cf.ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(lambda _: rs.score(images, ["a", "b"], [{}, {}], [0, 0], ["brightness", "hang"]),
+                             range(48)))
+    elapsed = time.perf_counter() - started
+    rs.close()
+    assert all(o["hang"].errors == ["timed out after 0.2s"] * 2 for o in outs)
+    assert all(o["brightness"].failed == 0 for o in outs)
+    assert elapsed < 20, elapsed
