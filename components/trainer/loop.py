@@ -90,11 +90,18 @@ def _update_settings(config: TrainingJobConfig) -> UpdateSettings:
     )
 
 
+RESUMABLE_CHANGES = "train.epochs, train.checkpoint_every, reward_server and reward timeouts"
+
+
 def _fingerprint(config: TrainingJobConfig) -> dict:
-    """The config a checkpoint must match to be resumed; the epoch count may grow."""
+    """The config a checkpoint must match to be resumed: everything that changes what is computed.
+    The epoch count may grow, and where and how patiently rewards are scored may change."""
     data = config.model_dump(mode="json")
     data["train"].pop("epochs")
     data["train"].pop("checkpoint_every")
+    data.pop("reward_server")
+    for spec in data["rewards"]:
+        spec.pop("timeout_s")
     return data
 
 
@@ -197,7 +204,7 @@ class Trainer:
         if changed:
             raise CheckpointError(
                 f"--resume: the config differs from the checkpoint's in {', '.join(changed)} "
-                "(only train.epochs and train.checkpoint_every may change)"
+                f"(only {RESUMABLE_CHANGES} may change)"
             )
         with torch.no_grad():
             for p, saved in zip(self.params, state.lora, strict=True):

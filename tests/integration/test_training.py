@@ -115,6 +115,10 @@ def test_resume_refusals(small_config, tmp_path):
         train(small_config(), tmp_path / "run", log=_quiet)
     with pytest.raises(CheckpointError, match=r"differs from the checkpoint's in train\.learning_rate"):
         train(small_config("train.learning_rate=0.01"), tmp_path / "run", resume=True, log=_quiet)
+    # where and how patiently rewards are scored may change
+    resumed = train(small_config("rewards.0.timeout_s=60", "reward_server.retries=5"), tmp_path / "run",
+                    resume=True, log=_quiet)
+    assert [r["epoch"] for r in resumed.history] == [1, 2]
 
 
 def test_partial_checkpoint_is_never_picked(small_config, tmp_path):
