@@ -15,7 +15,7 @@ from components.errors import RewardError
 from components.rewards.base import RewardOutput
 from components.rewards.codec import encode_raw_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
-from components.rewards.http_retry import RetriesExhausted, send_with_retries
+from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.wire import RawPixels, RewardsResponse, ScoreRequest, ScoreResponse
 
 BACKOFF_S = 0.5
@@ -64,7 +64,7 @@ class RemoteRewardSet:
         except RetriesExhausted as exc:
             raise RewardError(f"reward server {url}: {exc}") from exc
         if response.status_code >= 400:
-            raise RewardError(f"reward server {url} answered {response.status_code}: {response.text[:300]}")
+            raise RewardError(f"reward server {url} answered {response.status_code}: {response.text[:EXCERPT]}")
         return response
 
     async def _served(self) -> dict[str, str]:
