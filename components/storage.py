@@ -1,0 +1,551 @@
+"""Object storage for every stage: ``s3://bucket/key`` URIs and local paths behind one small API.
+
+This is the only module of the project that talks to S3. Endpoint, region and credentials come only from
+the environment that boto3 reads itself (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), never from arguments, so an experiment
+config can never carry a secret or redirect traffic. ``AWS_MAX_ATTEMPTS`` and
+``FLOWGRPO_S3_CONNECT_TIMEOUT_S`` / ``FLOWGRPO_S3_READ_TIMEOUT_S`` tune retries and timeouts.
+
+Local paths (plain or ``file://``) get the same semantics, so callers never branch on the scheme:
+writes go to a temporary name and are renamed into place.
+
+Every object written here carries its SHA-256 in the metadata key ``sha256``; downloads recompute it and
+raise :class:`ChecksumMismatchError` on a difference. Objects written by other tools carry none and are
+read unverified.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from components.errors import FlowGRPOError
+
+log = logging.getLogger(__name__)
+
+# Files at least this large go up in parts (parallel, retried per part). Tests lower it to exercise multipart.
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+MULTIPART_CHUNKSIZE = 64 * 1024 * 1024
+MAX_CONCURRENCY = 4
+# Seconds between progress lines of one transfer; transfers shorter than this log no progress at INFO.
+PROGRESS_INTERVAL_S = 10.0
+DEFAULT_MAX_ATTEMPTS = 4
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_READ_TIMEOUT_S = 60.0
+
+SHA256_METADATA_KEY = "sha256"
+MANIFEST_NAME = "_MANIFEST.json"
+LATEST_NAME = "latest"
+_TMP_SUFFIX = ".flowgrpo-tmp"
+_HASH_BLOCK = 8 * 1024 * 1024
+
+
+class StorageError(FlowGRPOError):
+    """An object-storage operation that failed; the message names the URI and, for S3, the endpoint."""
+
+
+class ObjectNotFoundError(StorageError):
+    """The object (or local file) does not exist."""
+
+
+class BucketNotFoundError(StorageError):
+    """The bucket does not exist."""
+
+
+class StorageAuthError(StorageError):
+    """Credentials are missing, wrong, or not allowed to do this."""
+
+
+class EndpointUnreachableError(StorageError):
+    """The S3 endpoint could not be reached (nothing listening, DNS, timeout)."""
+
+
+class ChecksumMismatchError(StorageError):
+    """Downloaded bytes do not match the SHA-256 recorded when the object was uploaded."""
+
+
+class CheckpointPublishError(StorageError):
+    """A checkpoint cannot be published (bad name, unreadable directory)."""
+
+
+# --------------------------------------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True)
+class _S3:
+    bucket: str
+    key: str
+
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def _parse(uri: str | os.PathLike[str]) -> _S3 | Path:
+    if isinstance(uri, os.PathLike):
+        return Path(uri)
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        if not bucket:
+            raise StorageError(f"no bucket in S3 URI {uri!r}")
+        return _S3(bucket, key)
+    if uri.startswith("file://"):
+        return Path(unquote(urlsplit(uri).path))
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", uri):
+        raise StorageError(f"unsupported URI scheme in {uri!r}: use s3://bucket/key or a local path")
+    return Path(uri)
+
+
+def _join(prefix: str | os.PathLike[str], *parts: str) -> str:
+    """``prefix/part/...`` in the caller's own notation (an s3:// URI, a file:// URI or a path)."""
+    base = os.fspath(prefix).rstrip("/")
+    return "/".join([base, *parts]) if base else "/".join(parts)
+
+
+def _dir_key(key: str) -> str:
+    # A prefix means a folder: "ckpt" must not match "ckpt2/...".
+    return key if not key or key.endswith("/") else key + "/"
+
+
+# --------------------------------------------------------------------------------------------- S3 client
+
+_ENV_KEYS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+             "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_MAX_ATTEMPTS",
+             "FLOWGRPO_S3_CONNECT_TIMEOUT_S", "FLOWGRPO_S3_READ_TIMEOUT_S")
+
+
+def _client() -> Any:
+    # One client per distinct environment: tests (and long-lived processes) may change the variables.
+    return _client_for(tuple(os.environ.get(k) for k in _ENV_KEYS))
+
+
+@functools.lru_cache(maxsize=8)
+def _client_for(env: tuple[str | None, ...]) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    values = dict(zip(_ENV_KEYS, env, strict=True))
+    config = Config(
+        s3={"addressing_style": "path"},  # SeaweedFS / MinIO have no virtual-host buckets
+        retries={"mode": "standard", "max_attempts": int(values["AWS_MAX_ATTEMPTS"] or DEFAULT_MAX_ATTEMPTS)},
+        connect_timeout=float(values["FLOWGRPO_S3_CONNECT_TIMEOUT_S"] or DEFAULT_CONNECT_TIMEOUT_S),
+        read_timeout=float(values["FLOWGRPO_S3_READ_TIMEOUT_S"] or DEFAULT_READ_TIMEOUT_S),
+    )
+    # A fresh session so the variables are read now, not when boto3's default session was first made.
+    return boto3.session.Session().client("s3", config=config)
+
+
+def _endpoint(client: Any) -> str:
+    parts = urlsplit(client.meta.endpoint_url)
+    host = parts.netloc.rpartition("@")[2]  # never echo user:password embedded in an endpoint URL
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _transfer_config() -> Any:
+    from boto3.s3.transfer import TransferConfig
+
+    # Read the module constants at call time so tests (and callers) can lower them.
+    return TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNKSIZE,
+                          max_concurrency=MAX_CONCURRENCY)
+
+
+_AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "Forbidden",
+               "InvalidToken", "ExpiredToken", "AuthorizationHeaderMalformed", "InvalidClientTokenId"}
+_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        stack += [e.__cause__, e.__context__, getattr(e, "last_exception", None)]
+
+
+def _translate(exc: BaseException, uri: str, action: str, client: Any) -> StorageError:
+    """Map a boto3/botocore error to one of ours. Messages are built here from the error code, the URI and
+    the endpoint only, so no credential can leak into them."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ReadTimeoutError,
+    )
+
+    endpoint = _endpoint(client)
+    where = f"{uri} (endpoint {endpoint})"
+    for e in _causes(exc):
+        if isinstance(e, ClientError):
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            bucket = _parse(uri).bucket if uri.startswith("s3://") else "?"
+            if code == "NoSuchBucket":
+                return BucketNotFoundError(f"cannot {action} {where}: bucket {bucket!r} does not exist")
+            if code in _AUTH_CODES or status == 403:
+                return StorageAuthError(
+                    f"cannot {action} {where}: access denied ({code or status}); check AWS_ACCESS_KEY_ID / "
+                    f"AWS_SECRET_ACCESS_KEY and the permissions on bucket {bucket!r}")
+            if code in _NOT_FOUND_CODES or status == 404:
+                # HEAD answers a bare 404 for a missing bucket too; ask which one it is.
+                if bucket != "?" and not _bucket_exists(client, bucket):
+                    return BucketNotFoundError(f"cannot {action} {where}: bucket {bucket!r} does not exist")
+                return ObjectNotFoundError(f"cannot {action} {where}: no such object")
+            return StorageError(f"cannot {action} {where}: S3 error {code or status}")
+        if isinstance(e, (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError)):
+            return EndpointUnreachableError(f"cannot {action} {uri}: S3 endpoint {endpoint} is unreachable "
+                                            f"({type(e).__name__}); check AWS_ENDPOINT_URL_S3")
+        if isinstance(e, ReadTimeoutError):
+            return EndpointUnreachableError(f"cannot {action} {where}: the endpoint stopped answering (read timeout)")
+        if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+            return StorageAuthError(f"cannot {action} {where}: no S3 credentials; set AWS_ACCESS_KEY_ID and "
+                                    "AWS_SECRET_ACCESS_KEY")
+    return StorageError(f"cannot {action} {where}: {type(exc).__name__}")
+
+
+def _bucket_exists(client: Any, bucket: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_bucket(Bucket=bucket)
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        return code not in {"404", "NoSuchBucket", "NotFound"}
+    return True
+
+
+@contextlib.contextmanager
+def _s3_errors(uri: str, action: str) -> Iterator[Any]:
+    """Yield the client; turn anything boto raises into a StorageError subclass."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = _client()
+    try:
+        yield client
+    except (ClientError, BotoCoreError, Boto3Error) as exc:
+        raise _translate(exc, uri, action, client) from exc
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+class _Progress:
+    """A boto3 transfer callback that logs bytes done and rate every PROGRESS_INTERVAL_S seconds."""
+
+    def __init__(self, verb: str, uri: str, total: int) -> None:
+        self.verb, self.uri, self.total = verb, uri, total
+        self.done = 0
+        self.start = self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self.lock:  # s3transfer calls back from several threads
+            self.done += n
+            now = time.monotonic()
+            if now - self.last >= PROGRESS_INTERVAL_S:
+                self.last = now
+                log.info("%s", self._line(now))
+
+    def finish(self) -> None:
+        now = time.monotonic()
+        log.log(logging.INFO if now - self.start >= PROGRESS_INTERVAL_S else logging.DEBUG, "%s done", self._line(now))
+
+    def _line(self, now: float) -> str:
+        mib = 1024 * 1024
+        rate = self.done / max(now - self.start, 1e-9) / mib
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        return (f"{self.verb} {self.uri}: {self.done / mib:.1f}/{self.total / mib:.1f} MiB ({pct:.0f}%) "
+                f"at {rate:.1f} MiB/s")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _tmp_beside(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
+
+
+@contextlib.contextmanager
+def _atomic_local(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it into place, else remove it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_beside(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _safe_rel(rel: str, uri: str) -> str:
+    # Keys come from a bucket someone else may write to: never let one escape the target directory.
+    parts = PurePosixPath(rel).parts
+    if not parts or rel.startswith("/") or any(p in ("..", ".") for p in parts):
+        raise StorageError(f"refusing to download {uri}: key {rel!r} is not a plain relative path")
+    return rel
+
+
+def _local_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative posix path, path) of every regular file under ``root``, sorted, skipping our temp files."""
+    if not root.is_dir():
+        return
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(_TMP_SUFFIX)):
+        yield path.relative_to(root).as_posix(), path
+
+
+def _sizes(uri_prefix: str) -> dict[str, int]:
+    """Relative name -> size of every object under the folder ``uri_prefix``."""
+    loc = _parse(uri_prefix)
+    if isinstance(loc, Path):
+        return {rel: p.stat().st_size for rel, p in _local_files(loc)}
+    prefix = _dir_key(loc.key)
+    out: dict[str, int] = {}
+    with _s3_errors(uri_prefix, "list") as client:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                out[obj["Key"][len(prefix):]] = obj["Size"]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- public API
+
+
+def put_file(local_path: str | os.PathLike[str], uri: str) -> None:
+    """Upload (or copy) one file to ``uri``, recording its SHA-256; large files go up in parts."""
+    _put_file(Path(local_path), uri)
+
+
+def _put_file(src: Path, uri: str) -> None:
+    # The one per-file uploader every higher-level call goes through.
+    if not src.is_file():
+        raise ObjectNotFoundError(f"cannot upload {src} to {uri}: no such local file")
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        with _atomic_local(loc) as tmp:
+            shutil.copyfile(src, tmp)
+        return
+    digest = _sha256_file(src)
+    progress = _Progress("upload", uri, src.stat().st_size)
+    with _s3_errors(uri, "upload to") as client:
+        client.upload_file(str(src), loc.bucket, loc.key, ExtraArgs={"Metadata": {SHA256_METADATA_KEY: digest}},
+                           Config=_transfer_config(), Callback=progress)
+    progress.finish()
+
+
+def get_file(uri: str, local_path: str | os.PathLike[str]) -> None:
+    """Download (or copy) ``uri`` to ``local_path``; the file appears only once its checksum matched."""
+    dst = Path(local_path)
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        if not loc.is_file():
+            raise ObjectNotFoundError(f"cannot read {uri}: no such file")
+        with _atomic_local(dst) as tmp:
+            shutil.copyfile(loc, tmp)
+        return
+    with _s3_errors(uri, "read") as client:
+        head = client.head_object(Bucket=loc.bucket, Key=loc.key)
+        progress = _Progress("download", uri, head["ContentLength"])
+        with _atomic_local(dst) as tmp:
+            client.download_file(loc.bucket, loc.key, str(tmp), Config=_transfer_config(), Callback=progress)
+            _verify(uri, head.get("Metadata", {}), _sha256_file(tmp))
+    progress.finish()
+
+
+def _verify(uri: str, metadata: dict[str, str], actual: str) -> None:
+    expected = metadata.get(SHA256_METADATA_KEY)
+    if expected is None:
+        log.debug("%s carries no sha256 metadata; not verified", uri)
+    elif expected != actual:
+        raise ChecksumMismatchError(f"checksum mismatch for {uri}: stored sha256 {expected[:16]}..., "
+                                    f"downloaded bytes have {actual[:16]}... (object changed or corrupted)")
+
+
+def put_bytes(data: bytes, uri: str) -> None:
+    """Write ``data`` to ``uri`` in one request (or atomically to a local file)."""
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        with _atomic_local(loc) as tmp:
+            tmp.write_bytes(data)
+        return
+    with _s3_errors(uri, "write") as client:
+        client.put_object(Bucket=loc.bucket, Key=loc.key, Body=data,
+                          Metadata={SHA256_METADATA_KEY: hashlib.sha256(data).hexdigest()})
+
+
+def get_bytes(uri: str) -> bytes:
+    """The whole content of ``uri``, checksum-verified. For small objects: it is read into memory."""
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        try:
+            return loc.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(f"cannot read {uri}: no such file") from None
+    with _s3_errors(uri, "read") as client:
+        response = client.get_object(Bucket=loc.bucket, Key=loc.key)
+        data = response["Body"].read()
+    _verify(uri, response.get("Metadata", {}), hashlib.sha256(data).hexdigest())
+    return data
+
+
+def exists(uri: str) -> bool:
+    """Whether the object (local file) ``uri`` exists. A missing bucket is an error, not False."""
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        return loc.is_file()
+    try:
+        with _s3_errors(uri, "check") as client:
+            client.head_object(Bucket=loc.bucket, Key=loc.key)
+    except ObjectNotFoundError:
+        return False
+    return True
+
+
+def list(uri_prefix: str) -> builtins.list[str]:
+    """Sorted URIs (in the caller's notation) of every object under the folder ``uri_prefix``."""
+    return [_join(uri_prefix, rel) for rel in sorted(_sizes(uri_prefix))]
+
+
+def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> builtins.list[str]:
+    """Upload every file under ``local_dir`` to ``uri_prefix/<relative path>``; returns the URIs written."""
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise ObjectNotFoundError(f"cannot upload {root} to {uri_prefix}: no such local directory")
+    written = []
+    for rel, path in _local_files(root):
+        _put_file(path, _join(uri_prefix, rel))
+        written.append(_join(uri_prefix, rel))
+    return written
+
+
+def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> builtins.list[Path]:
+    """Download every object under the folder ``uri_prefix`` into ``local_dir``; returns the files written."""
+    root = Path(local_dir)
+    written = []
+    for rel in sorted(_sizes(uri_prefix)):
+        get_file(_join(uri_prefix, rel), root / _safe_rel(rel, _join(uri_prefix, rel)))
+        written.append(root / rel)
+    return written
+
+
+def delete_prefix(uri_prefix: str) -> int:
+    """Delete every object under the folder ``uri_prefix``; returns how many were deleted."""
+    loc = _parse(uri_prefix)
+    if isinstance(loc, Path):
+        files = builtins.list(_local_files(loc))
+        if loc.is_dir():
+            shutil.rmtree(loc)
+        return len(files)
+    keys = [_dir_key(loc.key) + rel for rel in _sizes(uri_prefix)]
+    with _s3_errors(uri_prefix, "delete") as client:
+        for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = keys[i:i + 1000]
+            response = client.delete_objects(Bucket=loc.bucket,
+                                              Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+            if response.get("Errors"):
+                first = response["Errors"][0]
+                raise StorageError(f"cannot delete under {uri_prefix}: {len(response['Errors'])} objects failed, "
+                                   f"first {first.get('Key')!r}: {first.get('Code')}")
+    return len(keys)
+
+
+def delete(uri: str) -> None:
+    """Delete one object (local file); a missing one is not an error."""
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        loc.unlink(missing_ok=True)
+        return
+    with _s3_errors(uri, "delete") as client:
+        client.delete_object(Bucket=loc.bucket, Key=loc.key)
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+def publish_checkpoint(local_dir: str | os.PathLike[str], uri_prefix: str, name: str | None = None) -> str:
+    """Upload a checkpoint directory to ``uri_prefix/<name>/`` (name defaults to the directory's name), then
+    its manifest, then the ``uri_prefix/latest`` pointer, in that order, so a reader never sees a pointer to
+    a partial checkpoint. Returns the checkpoint's URI."""
+    root = Path(local_dir)
+    name = name or root.name
+    if not root.is_dir():
+        raise CheckpointPublishError(f"cannot publish {root}: not a directory")
+    if not name or "/" in name or name in (".", "..", LATEST_NAME):
+        raise CheckpointPublishError(f"cannot publish {root}: invalid checkpoint name {name!r}")
+    files = {rel: path for rel, path in _local_files(root)}
+    if MANIFEST_NAME in files:
+        raise CheckpointPublishError(f"cannot publish {root}: it contains a file named {MANIFEST_NAME} (reserved)")
+    target = _join(uri_prefix, name)
+    # Re-publishing a name: drop its old manifest first so a half-overwritten copy never looks complete.
+    delete(_join(target, MANIFEST_NAME))
+    manifest = {"name": name, "published_at": time.time(), "files": {}}
+    for rel, path in files.items():
+        manifest["files"][rel] = {"size": path.stat().st_size, "sha256": _sha256_file(path)}
+        _put_file(path, _join(target, rel))
+    put_bytes(json.dumps(manifest, indent=1, sort_keys=True).encode(), _join(target, MANIFEST_NAME))
+    put_bytes(name.encode(), _join(uri_prefix, LATEST_NAME))
+    log.info("published checkpoint %s (%d files)", target, len(files))
+    return target
+
+
+def _complete_manifest(uri_prefix: str, name: str) -> dict | None:
+    """The manifest of checkpoint ``name`` if every file it lists is present with its size, else None."""
+    target = _join(uri_prefix, name)
+    try:
+        manifest = json.loads(get_bytes(_join(target, MANIFEST_NAME)))
+    except (ObjectNotFoundError, ChecksumMismatchError, ValueError):
+        return None
+    present = _sizes(target)
+    files = manifest.get("files", {}) if isinstance(manifest, dict) else {}
+    if all(present.get(rel) == meta.get("size") for rel, meta in files.items()):
+        return manifest
+    log.warning("checkpoint %s is incomplete: files listed in its manifest are missing or truncated", target)
+    return None
+
+
+def latest_checkpoint(uri_prefix: str) -> str | None:
+    """URI of the checkpoint the ``latest`` pointer names if it is complete; otherwise of the most recently
+    published complete checkpoint under ``uri_prefix``; None when there is none."""
+    try:
+        pointed = get_bytes(_join(uri_prefix, LATEST_NAME)).decode().strip()
+    except (ObjectNotFoundError, ChecksumMismatchError, UnicodeDecodeError):
+        pointed = ""
+    if pointed and "/" not in pointed and _complete_manifest(uri_prefix, pointed) is not None:
+        return _join(uri_prefix, pointed)
+    if pointed:
+        log.warning("checkpoint %r named by %s is incomplete; looking for an older complete one",
+                    pointed, _join(uri_prefix, LATEST_NAME))
+    names = {rel[: -len(MANIFEST_NAME) - 1] for rel in _sizes(uri_prefix)
+             if rel.endswith("/" + MANIFEST_NAME) and rel.count("/") == 1}
+    best: tuple[float, str] | None = None
+    for name in names - {pointed}:
+        manifest = _complete_manifest(uri_prefix, name)
+        if manifest is not None:
+            candidate = (float(manifest.get("published_at", 0.0)), name)
+            best = max(best, candidate) if best else candidate
+    return _join(uri_prefix, best[1]) if best else None

