@@ -453,6 +453,38 @@ def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> builtins
     return written
 
 
+CACHE_ENV = "FLOWGRPO_CACHE_DIR"
+
+
+def local_copy(uri: str) -> Path:
+    """A local path with what ``uri`` names, for loaders that read files (model weights, pipelines).
+
+    A local path is returned as it is. An ``s3://`` object or folder is downloaded once, checksums
+    verified, into ``$FLOWGRPO_CACHE_DIR`` (default ``~/.cache/flowgrpo``) under a name derived from the
+    URI, and reused afterwards. It appears there only when complete (downloaded beside it, then renamed),
+    so concurrent processes never read a partial copy.
+    """
+    loc = _parse(uri)
+    if isinstance(loc, Path):
+        return loc
+    cache_root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowgrpo") / "objects"
+    final = cache_root / hashlib.sha256(uri.encode()).hexdigest()[:32]
+    name = PurePosixPath(loc.key.rstrip("/")).name or loc.bucket
+    if final.exists():
+        return final / name
+    staging = cache_root / f"{final.name}{_TMP_SUFFIX}-{secrets.token_hex(4)}"
+    try:
+        if exists(uri):
+            get_file(uri, staging / name)
+        elif not download_dir(uri, staging / name):
+            raise ObjectNotFoundError(f"{uri}: no object or folder of objects there")
+        with contextlib.suppress(OSError):  # another process published the same copy first: use that one
+            os.replace(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final / name
+
+
 def delete_prefix(uri_prefix: str) -> int:
     """Delete every object under the folder ``uri_prefix``; returns how many were deleted."""
     loc = _parse(uri_prefix)

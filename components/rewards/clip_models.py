@@ -20,20 +20,17 @@ from safetensors.torch import load_file
 from torch import nn
 from transformers import CLIPModel, CLIPProcessor
 
+from components import storage
 from components.rewards.base import BatchedReward
 
 
 def local_path(path: str, arg: str) -> Path:
-    """The local file or directory ``path`` names, or a ValueError naming ``arg``.
-
-    The single place where object-store URIs will be fetched once the storage layer exists; until then
-    they are refused rather than guessed at.
-    """
+    """The local file or directory ``path`` names, or a ValueError naming ``arg``. An object-store URI
+    (``s3://...``) is fetched once into the local cache (``components.storage.local_copy``)."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"{arg} must be a non-empty path, got {path!r}")
     if "://" in path:
-        raise ValueError(f"{arg}: {path} is an object-store URI; loading weights from object storage needs the "
-                         "storage layer (coming later): copy them to a local path for now")
+        return storage.local_copy(path)
     resolved = Path(path).expanduser()
     if not resolved.exists():
         raise ValueError(f"{arg}: {path} does not exist (model rewards load weights from a local path only, "

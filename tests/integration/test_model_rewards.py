@@ -145,13 +145,11 @@ def _build_error(name, **args) -> str:
 
 
 @pytest.mark.parametrize("name", ["clip_score", "pickscore", "aesthetic"])
-def test_missing_and_remote_model_paths_are_clear_errors(name, tmp_path, head):
+def test_missing_model_paths_are_clear_errors(name, tmp_path, head):
     extra = {"head_path": str(head[0])} if name == "aesthetic" else {}
     missing = tmp_path / "no_such_model"
     message = _build_error(name, model_path=str(missing), **extra)
     assert str(missing) in message and "does not exist" in message
-    message = _build_error(name, model_path="s3://models/pickscore", **extra)
-    assert "s3://models/pickscore" in message and "storage layer" in message
     message = _build_error(name, model_path=str(tmp_path), **extra)  # exists, but holds no model
     assert str(tmp_path) in message and "CLIPModel" in message
 

@@ -27,7 +27,9 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _load_diffusers(path: str, dtype: torch.dtype):
-    root = Path(path)
+    from components import storage
+
+    root = storage.local_copy(path) if "://" in path else Path(path)
     index = root / "model_index.json"
     if not root.is_dir():
         raise ModelLoadError(f"model.path: {path} is not a directory (a diffusers pipeline saved with save_pretrained)")
