@@ -65,3 +65,12 @@ def test_missing_s3_model_is_a_clear_error(seaweed):
         load_model(ModelConfig(kind="diffusers", path=uri), seed=0)
     with pytest.raises(FlowGRPOError, match="nothing-here"):
         build_reward(RewardSpec(name="clip_score", args={"model_path": uri}))
+
+
+def test_single_object_is_cached_under_its_own_name(seaweed, tmp_path):
+    uri = f"s3://{seaweed.bucket}/heads/aesthetic.safetensors"
+    storage.put_bytes(b"weights", uri)
+    path = storage.local_copy(uri)
+    assert path.name == "aesthetic.safetensors" and path.read_bytes() == b"weights"
+    assert storage.local_copy(uri) == path  # the same cached copy
+    assert storage.local_copy(str(tmp_path)) == tmp_path  # local paths pass through
