@@ -13,8 +13,6 @@ its sample, recorded in ``RewardOutput.errors`` with a NaN score.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import math
 import os
 import re
@@ -24,9 +22,9 @@ from typing import Any
 
 import httpx
 import numpy as np
-from PIL import Image
 
 from components.rewards.base import Reward, RewardOutput
+from components.rewards.codec import encode_png_b64
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.text_match import ocr_score, target_text
 
@@ -55,9 +53,7 @@ def default_question(mode: str, score_min: float = 0.0, score_max: float = 10.0)
 
 def png_data_url(image: np.ndarray) -> str:
     """A ``data:image/png;base64,...`` URL of a uint8 (H, W, 3) image."""
-    buffer = io.BytesIO()
-    Image.fromarray(np.asarray(image, dtype=np.uint8)).save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return "data:image/png;base64," + encode_png_b64(np.asarray(image, dtype=np.uint8))
 
 
 def _token_text(entry: dict[str, Any]) -> str:
