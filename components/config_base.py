@@ -1,6 +1,12 @@
 """The base every config section derives from, and one-line validation messages naming the key path."""
 
+from pathlib import Path
+from typing import Any
+
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+
+from components.errors import ConfigError
 
 
 class Section(BaseModel):
@@ -20,3 +26,23 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             msg = f"{msg} (got {err['input']!r})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return f"invalid config {source}: " + "; ".join(parts)
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; ConfigError naming the file (and line) otherwise."""
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return data

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import format_validation_error
+from components.config_base import format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
 from components.rewards.config import RewardSpec, check_unique_keys
 from components.trainer.config import TrainingJobConfig
@@ -38,25 +38,6 @@ class ExperimentConfig(TrainingJobConfig):
 
     def evaluation_rewards(self) -> list[RewardSpec]:
         return self.eval_rewards if self.eval_rewards is not None else self.rewards
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return data
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -99,7 +80,7 @@ def _list_index(node: list, part: str, path: list[str]) -> int:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read ``path`` (default: the tiny CPU config), apply overrides, validate."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
-    data = _read_yaml(path)
+    data = read_yaml_mapping(path)
     for text in overrides or []:
         apply_override(data, text)
     try:

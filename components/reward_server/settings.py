@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import Section, format_validation_error
+from components.config_base import Section, format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
 from components.rewards.config import RewardSpec, check_unique_keys
 
@@ -42,12 +41,6 @@ def load_settings(config: Path | None, reward_names: str | None) -> ServerSettin
         if config is None:
             names = [n.strip() for n in reward_names.split(",") if n.strip()]
             return ServerSettings(rewards=[RewardSpec(name=n) for n in names])
-        if not config.is_file():
-            raise ConfigError(f"config file {config} does not exist")
-        try:
-            data = yaml.safe_load(config.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{config}: YAML syntax error: {exc}") from exc
-        return ServerSettings.model_validate(data or {})
+        return ServerSettings.model_validate(read_yaml_mapping(config))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(config or "--rewards"))) from exc

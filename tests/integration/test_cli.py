@@ -123,3 +123,14 @@ def test_reward_server_command_rejects_bad_rewards_before_starting():
     assert "rewards.1.name: unknown reward 'shiny'" in line
     line = _error_line(flowgrpo("reward-server"))
     assert "exactly one of --rewards" in line
+
+
+
+def test_reward_server_config_errors_name_file_and_line(tmp_path):
+    bad = tmp_path / "server.yaml"
+    bad.write_text("rewards:\n  - name: [brightness\n")
+    import re
+
+    assert re.search(rf"{re.escape(str(bad))}:\d+:\d+: YAML syntax error",
+                     _error_line(flowgrpo("reward-server", "--config", str(bad))))
+    assert "does not exist" in _error_line(flowgrpo("reward-server", "--config", str(tmp_path / "nope.yaml")))
