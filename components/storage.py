@@ -110,7 +110,12 @@ def _parse(uri: str | os.PathLike[str]) -> _S3 | Path:
     return Path(uri)
 
 
-def _join(prefix: str | os.PathLike[str], *parts: str) -> str:
+def is_remote(uri: str | os.PathLike[str]) -> bool:
+    """Whether ``uri`` names object storage rather than the local file system."""
+    return isinstance(_parse(uri), _S3)
+
+
+def join(prefix: str | os.PathLike[str], *parts: str) -> str:
     """``prefix/part/...`` in the caller's own notation (an s3:// URI, a file:// URI or a path)."""
     base = os.fspath(prefix).rstrip("/")
     return "/".join([base, *parts]) if base else "/".join(parts)
@@ -428,7 +433,7 @@ def exists(uri: str) -> bool:
 
 def list(uri_prefix: str) -> builtins.list[str]:
     """Sorted URIs (in the caller's notation) of every object under the folder ``uri_prefix``."""
-    return [_join(uri_prefix, rel) for rel in sorted(_sizes(uri_prefix))]
+    return [join(uri_prefix, rel) for rel in sorted(_sizes(uri_prefix))]
 
 
 def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> builtins.list[str]:
@@ -438,8 +443,8 @@ def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> builtins.l
         raise ObjectNotFoundError(f"cannot upload {root} to {uri_prefix}: no such local directory")
     written = []
     for rel, path in _local_files(root):
-        _put_file(path, _join(uri_prefix, rel))
-        written.append(_join(uri_prefix, rel))
+        _put_file(path, join(uri_prefix, rel))
+        written.append(join(uri_prefix, rel))
     return written
 
 
@@ -448,7 +453,7 @@ def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> builtins
     root = Path(local_dir)
     written = []
     for rel in sorted(_sizes(uri_prefix)):
-        get_file(_join(uri_prefix, rel), root / _safe_rel(rel, _join(uri_prefix, rel)))
+        get_file(join(uri_prefix, rel), root / _safe_rel(rel, join(uri_prefix, rel)))
         written.append(root / rel)
     return written
 
@@ -532,24 +537,24 @@ def publish_checkpoint(local_dir: str | os.PathLike[str], uri_prefix: str, name:
     files = {rel: path for rel, path in _local_files(root)}
     if MANIFEST_NAME in files:
         raise CheckpointPublishError(f"cannot publish {root}: it contains a file named {MANIFEST_NAME} (reserved)")
-    target = _join(uri_prefix, name)
+    target = join(uri_prefix, name)
     # Re-publishing a name: drop its old manifest first so a half-overwritten copy never looks complete.
-    delete(_join(target, MANIFEST_NAME))
+    delete(join(target, MANIFEST_NAME))
     manifest = {"name": name, "published_at": time.time(), "files": {}}
     for rel, path in files.items():
         manifest["files"][rel] = {"size": path.stat().st_size, "sha256": _sha256_file(path)}
-        _put_file(path, _join(target, rel))
-    put_bytes(json.dumps(manifest, indent=1, sort_keys=True).encode(), _join(target, MANIFEST_NAME))
-    put_bytes(name.encode(), _join(uri_prefix, LATEST_NAME))
+        _put_file(path, join(target, rel))
+    put_bytes(json.dumps(manifest, indent=1, sort_keys=True).encode(), join(target, MANIFEST_NAME))
+    put_bytes(name.encode(), join(uri_prefix, LATEST_NAME))
     log.info("published checkpoint %s (%d files)", target, len(files))
     return target
 
 
 def _complete_manifest(uri_prefix: str, name: str) -> dict | None:
     """The manifest of checkpoint ``name`` if every file it lists is present with its size, else None."""
-    target = _join(uri_prefix, name)
+    target = join(uri_prefix, name)
     try:
-        manifest = json.loads(get_bytes(_join(target, MANIFEST_NAME)))
+        manifest = json.loads(get_bytes(join(target, MANIFEST_NAME)))
     except (ObjectNotFoundError, ChecksumMismatchError, ValueError):
         return None
     present = _sizes(target)
@@ -564,14 +569,14 @@ def latest_checkpoint(uri_prefix: str) -> str | None:
     """URI of the checkpoint the ``latest`` pointer names if it is complete; otherwise of the most recently
     published complete checkpoint under ``uri_prefix``; None when there is none."""
     try:
-        pointed = get_bytes(_join(uri_prefix, LATEST_NAME)).decode().strip()
+        pointed = get_bytes(join(uri_prefix, LATEST_NAME)).decode().strip()
     except (ObjectNotFoundError, ChecksumMismatchError, UnicodeDecodeError):
         pointed = ""
     if pointed and "/" not in pointed and _complete_manifest(uri_prefix, pointed) is not None:
-        return _join(uri_prefix, pointed)
+        return join(uri_prefix, pointed)
     if pointed:
         log.warning("checkpoint %r named by %s is incomplete; looking for an older complete one",
-                    pointed, _join(uri_prefix, LATEST_NAME))
+                    pointed, join(uri_prefix, LATEST_NAME))
     names = {rel[: -len(MANIFEST_NAME) - 1] for rel in _sizes(uri_prefix)
              if rel.endswith("/" + MANIFEST_NAME) and rel.count("/") == 1}
     best: tuple[float, str] | None = None
@@ -580,4 +585,4 @@ def latest_checkpoint(uri_prefix: str) -> str | None:
         if manifest is not None:
             candidate = (float(manifest.get("published_at", 0.0)), name)
             best = max(best, candidate) if best else candidate
-    return _join(uri_prefix, best[1]) if best else None
+    return join(uri_prefix, best[1]) if best else None

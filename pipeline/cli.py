@@ -22,7 +22,7 @@ def _quiet_libraries() -> None:
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-    for name in ("transformers", "diffusers", "peft"):
+    for name in ("transformers", "diffusers", "peft", "mlflow"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -44,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     output = args.output or _default_output(args.config)
     print(f"training {args.config} -> {output}", file=sys.stderr, flush=True)
-    result = train(config, output, resume=args.resume)
+    result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id)
     s = result.learning_summary()
     print(
         f"first epoch reward mean {s['first_mean']:.6g} (per-sample std {s['first_std']:.3g}); "
@@ -52,7 +52,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{'LEARNED' if s['learned'] else 'did not learn'}: last-3 mean "
         f"{'>' if s['learned'] else '<='} first mean + std/2 = {s['threshold']:.6g}"
     )
-    print(f"LoRA: {result.lora_dir}  metrics: {result.output_dir / 'metrics.jsonl'}")
+    print(f"LoRA: {result.lora_uri}  metrics: {result.metrics_uri}")
+    if result.mlflow_run_url:
+        print(f"MLflow run: {result.mlflow_run_url}")
     return 0
 
 
@@ -89,13 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a LoRA in this process",
-                       description="Train a LoRA with FlowGRPO in this process; writes metrics.jsonl, "
-                                   "checkpoints/ and the final lora/ under --output.")
+                       description="Train a LoRA with FlowGRPO in this process; writes config.yaml, metrics.jsonl, "
+                                   "samples/, checkpoints/ and the final lora/ under --output (a directory or "
+                                   "s3://BUCKET/PREFIX; S3 endpoint and keys come from the AWS_* environment). "
+                                   "Logs to MLflow when MLFLOW_TRACKING_URI is set.")
     _add_config_args(p)
-    p.add_argument("--output", type=Path, default=None,
-                   help="run directory (default: runs/<config name>-<timestamp>)")
+    p.add_argument("--output", default=None, metavar="DIR_OR_S3_URI",
+                   help="run directory or s3:// prefix (default: runs/<config name>-<timestamp>)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest complete checkpoint under --output")
+    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
+                   help="log as a child of this MLflow run (default: $FLOWGRPO_MLFLOW_PARENT_RUN_ID, else a "
+                        "top-level run)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("reward-server", help="serve rewards over HTTP",

@@ -1,26 +1,27 @@
-"""Checkpoints under ``OUTPUT/checkpoints/``, published atomically.
+"""Checkpoints under ``OUTPUT/checkpoints/``, a local directory or an ``s3://`` prefix.
 
-Each checkpoint is a directory ``epoch-NNNNNN`` with the LoRA in diffusers format
-(the EMA weights when EMA is on) and ``trainer_state.pt`` (raw LoRA weights,
-optimizer, EMA, RNG, counters). It is written under a temporary name, renamed
-when complete, and only then does the ``latest`` pointer name it, so a reader
-never sees a partial checkpoint.
+Each checkpoint ``epoch-NNNNNN`` holds the LoRA in diffusers format (the EMA weights when EMA is on) and
+``trainer_state.pt`` (raw LoRA weights, optimizer, EMA, RNG, counters). It is built in a local staging
+directory and published through :func:`components.storage.publish_checkpoint`: files first, then a
+manifest, then the ``latest`` pointer, so a reader (or a resume after a crash mid-upload) never sees a
+partial checkpoint.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from components import storage
 from components.errors import CheckpointError
 
 STATE_FILE = "trainer_state.pt"
 LORA_FILE = "pytorch_lora_weights.safetensors"
-LATEST = "latest"
 
 
 @dataclass
@@ -32,53 +33,43 @@ class TrainerState:
     ema: dict | None
     rng: torch.Tensor
     config_fingerprint: dict
+    mlflow_run_id: str | None = None
 
 
-def checkpoint_root(output_dir: Path) -> Path:
-    return output_dir / "checkpoints"
+def checkpoint_root(output: str | Path) -> str:
+    return storage.join(output, "checkpoints")
 
 
-def _name(epoch: int) -> str:
+def checkpoint_name(epoch: int) -> str:
     return f"epoch-{epoch:06d}"
 
 
-def write_checkpoint(output_dir: Path, state: TrainerState, save_lora) -> Path:
-    """Write a checkpoint; ``save_lora(directory)`` writes the diffusers-format LoRA into it."""
-    root = checkpoint_root(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / _name(state.epoch)
-    tmp = root / f".tmp-{_name(state.epoch)}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_lora(tmp)
-    torch.save(state.__dict__, tmp / STATE_FILE)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(final.name + "\n")
-    os.replace(pointer, root / LATEST)
-    return final
-
-
-def _complete(path: Path) -> bool:
-    return (path / STATE_FILE).is_file() and (path / LORA_FILE).is_file()
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint: the one ``latest`` names, else the newest complete directory."""
-    root = checkpoint_root(output_dir)
-    pointer = root / LATEST
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if _complete(named):
-            return named
-    candidates = sorted(p for p in root.glob("epoch-*") if _complete(p)) if root.is_dir() else []
-    return candidates[-1] if candidates else None
-
-
-def read_checkpoint(path: Path) -> TrainerState:
+def write_checkpoint(output: str | Path, staging: Path, state: TrainerState,
+                     save_lora: Callable[[Path], None]) -> str:
+    """Build the checkpoint in ``staging`` (a local scratch directory), publish it, return its URI.
+    ``save_lora(directory)`` writes the diffusers-format LoRA."""
+    local = Path(staging) / checkpoint_name(state.epoch)
+    shutil.rmtree(local, ignore_errors=True)
+    local.mkdir(parents=True)
     try:
-        raw = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
-        return TrainerState(**raw)
-    except (OSError, RuntimeError, TypeError, EOFError) as exc:
-        raise CheckpointError(f"checkpoint {path} cannot be read: {exc}") from exc
+        save_lora(local)
+        torch.save(state.__dict__, local / STATE_FILE)
+        return storage.publish_checkpoint(local, checkpoint_root(output))
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
+def latest_checkpoint(output: str | Path) -> str | None:
+    """URI (or path) of the newest complete checkpoint, None when there is none."""
+    return storage.latest_checkpoint(checkpoint_root(output))
+
+
+def read_checkpoint(uri: str | Path) -> TrainerState:
+    with tempfile.TemporaryDirectory(prefix="flowgrpo-ckpt-") as tmp:
+        local = Path(tmp) / STATE_FILE
+        storage.get_file(storage.join(uri, STATE_FILE), local)
+        try:
+            raw = torch.load(local, map_location="cpu", weights_only=False)
+            return TrainerState(**raw)
+        except (OSError, RuntimeError, TypeError, EOFError) as exc:
+            raise CheckpointError(f"checkpoint {uri} cannot be read: {exc}") from exc

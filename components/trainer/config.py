@@ -109,6 +109,20 @@ class TrainConfig(Section):
     checkpoint_every: int = Field(default=10, ge=1, description="epochs between checkpoints (the last is kept too)")
 
 
+class TrackingConfig(Section):
+    """What goes to MLflow. Where it goes comes from MLFLOW_TRACKING_URI only; unset = no tracking."""
+
+    experiment: str = Field(default="flowgrpo", min_length=1, description="MLflow experiment name")
+    sample_every: int = Field(default=10, ge=0,
+                              description="epochs between sample image grids (the last epoch too); 0 = none")
+    sample_images: int = Field(default=8, ge=1, le=64, description="images per sample grid, one per prompt")
+    system_metrics: bool = Field(default=True, description="log CPU/GPU/memory/disk/network as system/* metrics")
+    registered_model: str | None = Field(
+        default="flowgrpo-lora", min_length=1,
+        description="Model Registry name the final LoRA is registered under; null = do not register",
+    )
+
+
 class TrainingJobConfig(Section):
     """Everything the trainer reads. The pipeline's experiment config extends it."""
 
@@ -123,6 +137,7 @@ class TrainingJobConfig(Section):
     reward_aggregation: Aggregation = Field(default="sum", description="how several rewards combine")
     reward_server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingJobConfig:

@@ -8,33 +8,50 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
+from PIL import Image
 
 from components.dataset.prompts import load_prompts
 from components.errors import CheckpointError
 from components.rewards.base import RewardOutput
 from components.rewards.client import RemoteRewardSet
 from components.rewards.scoring import BackgroundScoring, RewardSet, Scorer, check_required, combine
+from components.tracking.params import flatten_params, lineage_tags
+from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.config import TrainingJobConfig
 from components.trainer.ema import LoRAEMA
 from components.trainer.metrics import MetricsFile, progress_line
 from components.trainer.models import FlowMatchingModel, load_model
-from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout
+from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.trainer.run_output import RunOutput
+from components.trainer.samples import pick_samples, sample_grid
 from components.trainer.update import UpdateSettings, policy_update
 
 FINAL_LORA_DIR = "lora"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+SAMPLES_DIR = "samples"
 
 
 @dataclass
 class TrainResult:
-    output_dir: Path
+    output: RunOutput
     history: list[dict]
-    lora_dir: Path
+    lora_dir: Path  # local copy
+    mlflow_run_url: str | None = None
+
+    @property
+    def lora_uri(self) -> str:
+        return self.output.uri_of(FINAL_LORA_DIR)
+
+    @property
+    def metrics_uri(self) -> str:
+        return self.output.uri_of(METRICS_FILE)
 
     def learning_summary(self) -> dict[str, float]:
         """First-epoch mean and per-sample std, last-3-epoch mean, and whether it beat mean + std / 2."""
@@ -90,7 +107,7 @@ def _update_settings(config: TrainingJobConfig) -> UpdateSettings:
     )
 
 
-RESUMABLE_CHANGES = "train.epochs, train.checkpoint_every, reward_server and reward timeouts"
+RESUMABLE_CHANGES = "train.epochs, train.checkpoint_every, tracking, reward_server and reward timeouts"
 
 
 def _fingerprint(config: TrainingJobConfig) -> dict:
@@ -100,6 +117,7 @@ def _fingerprint(config: TrainingJobConfig) -> dict:
     data["train"].pop("epochs")
     data["train"].pop("checkpoint_every")
     data.pop("reward_server")
+    data.pop("tracking", None)
     for spec in data["rewards"]:
         spec.pop("timeout_s")
     return data
@@ -155,13 +173,16 @@ def _epoch_metrics(outputs: dict[str, RewardOutput], combined: np.ndarray, advan
 
 
 class Trainer:
-    """Owns the model, optimizer and EMA for one run and writes everything under ``output_dir``."""
+    """Owns the model, optimizer and EMA for one run; writes everything to ``output``, logs to ``tracker``."""
 
-    def __init__(self, config: TrainingJobConfig, output_dir: Path, log: Callable[[str], None] = _stderr) -> None:
+    def __init__(self, config: TrainingJobConfig, output: RunOutput | str | Path,
+                 log: Callable[[str], None] = _stderr, tracker: NullTracker | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.config = config
-        self.output_dir = Path(output_dir)
+        self.output = output if isinstance(output, RunOutput) else RunOutput(output)
+        self.output.prepare(fresh=False)
         self.log = log
+        self.tracker = tracker or NullTracker()
         self.prompts = load_prompts(config.data)
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed)
@@ -176,7 +197,7 @@ class Trainer:
         self.ema = LoRAEMA(self.params, t.ema.decay, t.ema.update_every) if t.ema.enabled else None
         self.epoch = 0
         self.optimizer_step = 0
-        self.metrics = MetricsFile(self.output_dir / "metrics.jsonl")
+        self.metrics = MetricsFile(self.output.local / METRICS_FILE)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _save_lora(self, directory: Path) -> None:
@@ -186,20 +207,19 @@ class Trainer:
             with self.ema.applied(self.params):
                 self.model.save_lora(directory)
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> str:
         state = ckpt.TrainerState(
             epoch=self.epoch, optimizer_step=self.optimizer_step,
             lora=[p.detach().cpu().clone() for p in self.params], optimizer=self.optimizer.state_dict(),
             ema=self.ema.state_dict() if self.ema else None, rng=torch.get_rng_state(),
-            config_fingerprint=_fingerprint(self.config),
+            config_fingerprint=_fingerprint(self.config), mlflow_run_id=self.tracker.run_id,
         )
-        return ckpt.write_checkpoint(self.output_dir, state, self._save_lora)
+        uri = ckpt.write_checkpoint(self.output.uri, self.output.scratch, state, self._save_lora)
+        self.tracker.set_tags({"flowgrpo.latest_checkpoint": uri})
+        return uri
 
-    def resume(self) -> None:
-        path = ckpt.latest_checkpoint(self.output_dir)
-        if path is None:
-            raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.checkpoint_root(self.output_dir)}")
-        state = ckpt.read_checkpoint(path)
+    def resume(self, path: str, state: ckpt.TrainerState) -> None:
+        """Continue from checkpoint ``state`` (read from ``path``)."""
         changed = _diff_keys(state.config_fingerprint, _fingerprint(self.config))
         if changed:
             raise CheckpointError(
@@ -214,7 +234,9 @@ class Trainer:
             self.ema.load_state_dict(state.ema)
         torch.set_rng_state(state.rng)
         self.epoch, self.optimizer_step = state.epoch, state.optimizer_step
+        self.output.fetch(METRICS_FILE)
         self.metrics.truncate_after(self.epoch)
+        self.output.publish(METRICS_FILE)
         self.log(f"resumed from {path} (epoch {self.epoch}, optimizer step {self.optimizer_step})")
 
     # -- one epoch ---------------------------------------------------------------------------------
@@ -254,7 +276,20 @@ class Trainer:
             "time/sampling": t1 - t0, "time/scoring": t2 - t1, "time/training": t3 - t2,
             "images_per_s": len(rollout) / (t3 - t0),
         })
+        every = cfg.tracking.sample_every
+        if every and (self.epoch % every == 0 or self.epoch == cfg.train.epochs):
+            self._log_samples(rollout, combined)
         return row
+
+    def _log_samples(self, rollout: Rollout, combined: np.ndarray) -> None:
+        chosen = pick_samples(rollout.prompt_index.cpu().numpy(), self.config.tracking.sample_images)
+        grid = sample_grid(rollout.images[chosen], [rollout.prompts[int(rollout.prompt_index[i])] for i in chosen],
+                           [float(combined[i]) for i in chosen])
+        rel = f"{SAMPLES_DIR}/{ckpt.checkpoint_name(self.epoch)}.png"
+        (self.output.local / SAMPLES_DIR).mkdir(exist_ok=True)
+        Image.fromarray(grid).save(self.output.local / rel)
+        self.output.publish(rel)
+        self.tracker.log_image(grid, key="samples", step=self.epoch)
 
     def fit(self) -> TrainResult:
         cfg = self.config
@@ -267,33 +302,67 @@ class Trainer:
             while self.epoch < total:
                 row = self.run_epoch()
                 self.metrics.append(row)
+                self.output.publish(METRICS_FILE)
+                self.tracker.log_metrics(row, step=self.epoch)
                 rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
                 self.log(progress_line(row, total, rate * (total - self.epoch)))
                 if self.epoch % cfg.train.checkpoint_every == 0 or self.epoch == total:
                     self.save_checkpoint()
         finally:
             self.scorer.close()
-        lora_dir = self.output_dir / FINAL_LORA_DIR
+        lora_dir = self.output.local / FINAL_LORA_DIR
         self._save_lora(lora_dir)
-        return TrainResult(self.output_dir, self.metrics.read(), lora_dir)
+        self.output.publish_dir(FINAL_LORA_DIR)
+        return TrainResult(self.output, self.metrics.read(), lora_dir, self.tracker.url)
+
+    def register(self, lineage: dict[str, str]) -> None:
+        """Register the final LoRA in the Model Registry (queued on the tracker; no-op without tracking)."""
+        name = self.config.tracking.registered_model
+        if name:
+            tags = {**lineage, "flowgrpo.lora_uri": self.output.uri_of(FINAL_LORA_DIR)}
+            self.tracker.register_lora(name, self.output.local / FINAL_LORA_DIR,
+                                       self.config.model.model_dump(mode="json"), self.config.seed, tags)
 
 
-def train(config: TrainingJobConfig, output_dir: Path, *, resume: bool = False,
-          log: Callable[[str], None] = _stderr) -> TrainResult:
-    """Train to ``config.train.epochs``; with ``resume`` continue from the newest checkpoint."""
-    output_dir = Path(output_dir)
-    if not resume and ckpt.latest_checkpoint(output_dir) is not None:
+def train(config: TrainingJobConfig, output: str | Path, *, resume: bool = False,
+          log: Callable[[str], None] = _stderr, parent_run_id: str | None = None) -> TrainResult:
+    """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix); with ``resume``
+    continue from the newest complete checkpoint there. Tracks to MLflow when MLFLOW_TRACKING_URI is set."""
+    out = RunOutput(output)
+    latest = ckpt.latest_checkpoint(out.uri)
+    if resume and latest is None:
+        raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.checkpoint_root(out.uri)}")
+    if not resume and latest is not None:
         raise CheckpointError(
-            f"{output_dir} already holds checkpoints; pass --resume to continue that run or choose another --output"
+            f"{out.uri} already holds checkpoints; pass --resume to continue that run or choose another --output"
         )
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(_dump_yaml(config))
-    trainer = Trainer(config, output_dir, log=log)
-    if resume:
-        trainer.resume()
-    elif trainer.metrics.path.exists():
-        trainer.metrics.path.unlink()
-    return trainer.fit()
+    state = ckpt.read_checkpoint(latest) if resume else None
+    out.prepare(fresh=not resume)
+    (out.local / CONFIG_FILE).write_text(_dump_yaml(config))
+    out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
+    t = config.tracking
+    tracker = open_tracker(t.experiment, PurePosixPath(out.uri.rstrip("/")).name or "train",
+                           run_id=state.mlflow_run_id if state else None, parent_run_id=parent_run_id,
+                           system_metrics=t.system_metrics, log=log)
+    status = "FAILED"
+    try:
+        trainer = Trainer(config, out, log=log, tracker=tracker)
+        lineage = lineage_tags(config.model_dump(mode="json"), trainer.prompts)
+        tracker.set_tags(lineage)
+        if state is None:
+            tracker.log_params(flatten_params(config.model_dump(mode="json")))
+            trainer.metrics.path.unlink(missing_ok=True)
+        else:
+            trainer.resume(latest, state)
+        result = trainer.fit()
+        trainer.register(lineage)
+        status = "FINISHED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.close(status)
 
 
 def _dump_yaml(config: TrainingJobConfig) -> str:

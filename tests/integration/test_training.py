@@ -57,8 +57,9 @@ def test_metrics_file_and_checkpoints_are_written(small_config, tmp_path):
     per_step = [rows[0][f"clipfrac/step{s}"] for s in range(3)]
     assert "clipfrac/step3" not in rows[0]
     assert sum(per_step) / 3 == pytest.approx(rows[0]["clipfrac"])
-    assert ckpt.latest_checkpoint(tmp_path).name == "epoch-000002"
+    assert ckpt.latest_checkpoint(tmp_path) == str(tmp_path / "checkpoints" / "epoch-000002")
     assert (tmp_path / "checkpoints" / "epoch-000001" / ckpt.STATE_FILE).is_file()
+    assert not (tmp_path / ".staging" / "epoch-000001").exists()  # the scratch copy is gone once published
     assert (result.lora_dir / ckpt.LORA_FILE).is_file()
 
 
@@ -124,12 +125,14 @@ def test_resume_refusals(small_config, tmp_path):
 def test_partial_checkpoint_is_never_picked(small_config, tmp_path):
     train(small_config("train.epochs=1"), tmp_path, log=_quiet)
     root = tmp_path / "checkpoints"
-    (root / ".tmp-epoch-000002").mkdir()
-    (root / "epoch-000003").mkdir()  # a directory without its files, e.g. a copy cut short
+    first = str(root / "epoch-000001")
+    (root / "epoch-000003").mkdir()  # files without a manifest, e.g. an upload cut short
     (root / "epoch-000003" / ckpt.STATE_FILE).write_bytes(b"")
-    assert ckpt.latest_checkpoint(tmp_path).name == "epoch-000001"
-    (root / ckpt.LATEST).write_text("epoch-000003\n")  # a pointer to an incomplete one falls back
-    assert ckpt.latest_checkpoint(tmp_path).name == "epoch-000001"
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    (root / "latest").write_text("epoch-000003\n")  # a pointer to an incomplete one falls back
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    (root / "epoch-000001" / ckpt.LORA_FILE).write_bytes(b"cut")  # a file shorter than its manifest says
+    assert ckpt.latest_checkpoint(tmp_path) is None
 
 
 def test_kl_to_reference_is_reported_and_bounded_by_beta(small_config, tmp_path):

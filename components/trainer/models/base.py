@@ -52,6 +52,10 @@ class FlowMatchingModel(ABC):
         self.lora_config: LoraConfig | None = None
         self._negative: PromptEmbeddings | None = None
 
+    def pipeline_call_kwargs(self) -> dict:
+        """Family-specific arguments for the pipeline's own ``__call__`` (plain generation)."""
+        return {}
+
     @property
     def transformer(self) -> torch.nn.Module:
         return self.pipeline.transformer

@@ -12,6 +12,9 @@ class SD3Model(FlowMatchingModel):
         super().__init__(pipeline, device, dtype)
         self.max_sequence_length = max_sequence_length
 
+    def pipeline_call_kwargs(self) -> dict:
+        return {"max_sequence_length": self.max_sequence_length}
+
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(

@@ -1,0 +1,86 @@
+"""What a run records about itself: flattened params without secrets, and lineage tags. No MLflow here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# MLflow's limit on a param value; longer values are cut with a marker rather than rejected.
+MAX_PARAM_CHARS = 6000
+# Keys that can hold credentials are never logged, whatever their value.
+SECRET_KEY = re.compile(r"secret|passw|token|api[_-]?key|credential|access[_-]?key|auth", re.IGNORECASE)
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+GIT_COMMIT_ENV = "FLOWGRPO_GIT_COMMIT"
+IMAGE_ENV = "FLOWGRPO_IMAGE"
+
+
+def redact(text: str) -> str:
+    """``scheme://user:password@host`` -> ``scheme://***@host``."""
+    return _URL_USERINFO.sub(r"\g<scheme>***@", text)
+
+
+def _value(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v)
+    text = redact(text)
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 1] + "…"
+
+
+def flatten_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> ``{"train.learning_rate": "0.003", "rewards.0.name": "ocr", ...}``.
+
+    Lists of sections are indexed; lists of plain values (prompts) stay one JSON value. Keys that look
+    like they hold a credential are dropped, and user:password in URLs is masked.
+    """
+    out: dict[str, str] = {}
+    for key, v in data.items():
+        name = f"{prefix}{key}"
+        if SECRET_KEY.search(str(key)):
+            continue
+        if isinstance(v, dict):
+            out.update(flatten_params(v, f"{name}."))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, item in enumerate(v):
+                out.update(flatten_params(item, f"{name}.{i}."))
+        else:
+            out[name] = _value(v)
+    return out
+
+
+def content_hash(data: Any) -> str:
+    """SHA-256 of canonical JSON: equal configs (or prompt lists) hash equal, whatever the key order."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def git_commit() -> str:
+    """The commit the code came from: $FLOWGRPO_GIT_COMMIT (set in images), else the checkout's HEAD."""
+    if os.environ.get(GIT_COMMIT_ENV):
+        return os.environ[GIT_COMMIT_ENV]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def lineage_tags(config: dict[str, Any], prompts: list[str]) -> dict[str, str]:
+    """Tags that tie a run (and the model version it registers) to its inputs."""
+    data = config.get("data") or {}
+    model = config.get("model") or {}
+    tags = {
+        "flowgrpo.config_hash": content_hash(config),
+        "flowgrpo.dataset_uri": redact(data.get("path") or "inline:data.prompts"),
+        "flowgrpo.dataset_hash": content_hash(prompts),
+        "flowgrpo.dataset_rows": str(len(prompts)),
+        "flowgrpo.base_model": redact(model.get("path") or model.get("kind", "unknown")),
+        "flowgrpo.git_commit": git_commit(),
+    }
+    if os.environ.get(IMAGE_ENV):
+        tags["flowgrpo.image"] = os.environ[IMAGE_ENV]
+    return tags

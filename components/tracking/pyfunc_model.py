@@ -1,0 +1,82 @@
+"""The registered model: an MLflow pyfunc that loads the base model plus the trained LoRA and makes images.
+
+Artifacts are the LoRA directory (diffusers format) and ``model.json`` (the ``model`` config section and
+seed), so ``mlflow.pyfunc.load_model("models:/NAME/VERSION")`` rebuilds exactly what was trained against:
+a tiny model from its seed, a real one from its local path or ``s3://`` URI.
+
+``predict`` takes a DataFrame with a ``prompt`` column and optional ``params`` (``seed``,
+``num_inference_steps``, ``guidance_scale``) and returns the prompts with ``image_png_b64``.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+
+MODEL_NAME = "lora"  # the model's name inside the run
+# Logged as "models from code" (this file names the class; nothing is pickled), so a model version keeps
+# loading as long as the installed package has the class.
+ENTRY = Path(__file__).with_name("pyfunc_entry.py")
+DEFAULT_PARAMS = {"seed": 0, "num_inference_steps": 28, "guidance_scale": 4.5}
+
+
+class LoRAImageModel(mlflow.pyfunc.PythonModel):
+    def load_context(self, context: Any) -> None:
+        from components.trainer.config import ModelConfig
+        from components.trainer.generate import load_with_lora
+
+        spec = json.loads(Path(context.artifacts["model"]).read_text())
+        self.config = ModelConfig.model_validate(spec["model"])
+        self.model = load_with_lora(self.config, spec["seed"], Path(context.artifacts["lora"]))
+
+    # No type hints here: MLflow would read them as an input schema and override the signature logged below.
+    def predict(self, context, model_input, params=None):
+        import pandas as pd
+
+        from components.rewards.codec import encode_png_b64
+        from components.trainer.generate import generate
+
+        p = {**DEFAULT_PARAMS, **(params or {})}
+        prompts = [str(x) for x in model_input["prompt"]]
+        images = generate(self.model, prompts, resolution=self.config.resolution,
+                          num_steps=int(p["num_inference_steps"]), guidance_scale=float(p["guidance_scale"]),
+                          seed=int(p["seed"]))
+        return pd.DataFrame({"prompt": prompts, "image_png_b64": [encode_png_b64(img) for img in images]})
+
+
+def _requirements() -> list[str]:
+    try:
+        return [f"flowgrpo-mlops=={metadata.version('flowgrpo-mlops')}"]
+    except metadata.PackageNotFoundError:
+        return []
+
+
+def log_lora_model(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int) -> str:
+    """Log the pyfunc into run ``run_id``, register it as a version of ``name``; returns the version."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    signature = ModelSignature(
+        inputs=Schema([ColSpec("string", "prompt")]),
+        outputs=Schema([ColSpec("string", "prompt"), ColSpec("string", "image_png_b64")]),
+        params=ParamSchema([
+            ParamSpec("seed", "long", DEFAULT_PARAMS["seed"]),
+            ParamSpec("num_inference_steps", "long", DEFAULT_PARAMS["num_inference_steps"]),
+            ParamSpec("guidance_scale", "double", DEFAULT_PARAMS["guidance_scale"]),
+        ]),
+    )
+    with tempfile.TemporaryDirectory(prefix="flowgrpo-model-") as tmp:
+        spec = Path(tmp) / "model.json"
+        spec.write_text(json.dumps({"model": model_config, "seed": seed}, indent=1))
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name=MODEL_NAME, python_model=str(ENTRY),
+                artifacts={"lora": str(lora_dir), "model": str(spec)},
+                pip_requirements=_requirements(), signature=signature, registered_model_name=name,
+            )
+    return str(info.registered_model_version)

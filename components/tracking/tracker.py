@@ -1,0 +1,246 @@
+"""Logging a training run to MLflow without ever stopping it.
+
+Every call on :class:`MlflowTracker` only queues work; one background thread sends it in order. When the
+server is unreachable the thread keeps the queue, retries with back-off, says so once, and says again when
+it is back, so an outage costs no metric and no training time. Requests MLflow rejects for good (a bad
+value, a missing parent run) are reported and dropped. :meth:`close` waits a bounded time for the queue
+to drain and reports what could not be sent (every metric is in ``metrics.jsonl`` anyway).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.tracking.params import redact
+
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
+FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
+OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
+DEFAULT_FLUSH_TIMEOUT_S = 120.0
+DEFAULT_OPEN_TIMEOUT_S = 15.0
+MAX_BACKOFF_S = 30.0
+# Our thread retries for as long as it takes; MLflow's own retries (7, exponential) would only make each
+# attempt slower to notice an outage and to notice the end of one.
+_CLIENT_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+_PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
+                    "BAD_REQUEST", "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+
+
+@dataclass
+class _Op:
+    name: str
+    fn: Callable[[], None]
+
+
+def _short(exc: BaseException) -> str:
+    text = redact(" ".join(str(exc).split()))
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _is_permanent(exc: BaseException) -> bool:
+    return getattr(exc, "error_code", None) in _PERMANENT_CODES
+
+
+class NullTracker:
+    """Tracking off (no MLFLOW_TRACKING_URI): every call is a no-op."""
+
+    run_id: str | None = None
+    url: str | None = None
+
+    def log_params(self, params: dict[str, str]) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
+    def log_image(self, image: np.ndarray, key: str, step: int) -> None: ...
+    def register_lora(self, name: str, lora_dir: Path, model_config: dict, seed: int,
+                      tags: dict[str, str]) -> None: ...
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
+class MlflowTracker(NullTracker):
+    def __init__(self, uri: str, experiment: str, run_name: str, *, parent_run_id: str | None = None,
+                 run_id: str | None = None, system_metrics: bool = True,
+                 log: Callable[[str], None] = print) -> None:
+        for key, value in _CLIENT_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        from mlflow import MlflowClient
+
+        self.uri = redact(uri)  # for messages: a password in the URL never reaches a log
+        self.client = MlflowClient(uri)
+        self.log = log
+        self.run_id = run_id
+        self.url: str | None = None
+        self._experiment, self._run_name, self._parent = experiment, run_name, parent_run_id
+        self._system_metrics = system_metrics
+        self._monitor = None
+        self._queue: collections.deque[_Op] = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._disabled = False
+        self._idle = threading.Event()
+        self._opened = threading.Event()
+        self._thread = threading.Thread(target=self._work, name="mlflow-tracker", daemon=True)
+        self._submit("open run", self._open_run)
+        self._thread.start()
+        wait = float(os.environ.get(OPEN_TIMEOUT_ENV, DEFAULT_OPEN_TIMEOUT_S))
+        if self._opened.wait(wait) and self.url:
+            self.log(f"MLflow run {self.run_id}: {self.url}")
+        # otherwise the worker has said, or will say once its request fails, why there is no run yet
+
+    # -- queue ---------------------------------------------------------------------------------------
+    def _submit(self, name: str, fn: Callable[[], None]) -> None:
+        with self._cond:
+            if self._disabled:
+                return
+            self._idle.clear()
+            self._queue.append(_Op(name, fn))
+            self._cond.notify()
+
+    def _work(self) -> None:
+        backoff = 1.0
+        failing_since: float | None = None
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._idle.set()
+                    self._cond.wait()
+                if not self._queue:
+                    self._idle.set()
+                    return
+                op = self._queue[0]
+            try:
+                op.fn()
+            except Exception as exc:
+                if _is_permanent(exc):
+                    self._drop(op, exc)
+                    continue
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    self.log(f"MLflow at {self.uri} unreachable ({_short(exc)}); buffering "
+                             f"{len(self._queue)} item(s) and retrying; training goes on")
+                with self._cond:
+                    self._cond.wait(timeout=backoff)  # close() wakes us to retry at once
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            with self._cond:
+                self._queue.popleft()
+            if failing_since is not None:
+                self.log(f"MLflow at {self.uri} reachable again after {time.monotonic() - failing_since:.0f}s; "
+                         f"sending {len(self._queue)} buffered item(s)")
+                failing_since, backoff = None, 1.0
+
+    def _drop(self, op: _Op, exc: BaseException) -> None:
+        with self._cond:
+            self._queue.popleft()
+            if op.name == "open run":  # nothing can be logged without a run
+                self._disabled = True
+                self._queue.clear()
+        what = "tracking is off for this run" if self._disabled else "skipped"
+        self.log(f"MLflow rejected {op.name}: {_short(exc)}; {what}")
+        if self._disabled:
+            self._opened.set()  # stop the constructor waiting for a run that will never exist
+
+    # -- operations ----------------------------------------------------------------------------------
+    def _open_run(self) -> None:
+        if self.run_id is None:
+            experiment = self.client.get_experiment_by_name(self._experiment)
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else self.client.create_experiment(self._experiment))
+            tags = {"mlflow.parentRunId": self._parent} if self._parent else {}
+            if self._parent:
+                self.client.get_run(self._parent)  # a wrong parent id is a permanent error, not an orphan
+            run = self.client.create_run(experiment_id, run_name=self._run_name, tags=tags)
+            self.run_id = run.info.run_id
+        else:
+            run = self.client.get_run(self.run_id)
+            self.client.update_run(self.run_id, status="RUNNING")
+        self.url = f"{self.uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{self.run_id}"
+        if self._system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._monitor = SystemMetricsMonitor(self.run_id, tracking_uri=self.client.tracking_uri,
+                                                 resume_logging=True)
+            self._monitor.start()
+        self._opened.set()
+
+    def log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = sorted(params.items())
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            batch = [Param(k, v) for k, v in items[i:i + 100]]
+            self._submit("log params", lambda b=batch: self.client.log_batch(self.run_id, params=b))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        batch = [RunTag(k, v) for k, v in sorted(tags.items())]
+        self._submit("set tags", lambda: self.client.log_batch(self.run_id, tags=batch))
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        """Finite numbers only: an epoch whose rewards all failed has no mean to plot."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+        self._submit(f"metrics of step {step}", lambda: self.client.log_batch(self.run_id, metrics=batch))
+
+    def log_image(self, image: np.ndarray, key: str, step: int) -> None:
+        self._submit(f"image {key} of step {step}",
+                     lambda: self.client.log_image(self.run_id, image, key=key, step=step, synchronous=True))
+
+    def register_lora(self, name: str, lora_dir: Path, model_config: dict, seed: int,
+                      tags: dict[str, str]) -> None:
+        """Log the LoRA as a pyfunc model in this run and register it as a new version of ``name``."""
+        self._submit(f"register model {name}", lambda: self._register(name, Path(lora_dir), model_config, seed,
+                                                                      tags))
+
+    def _register(self, name: str, lora_dir: Path, model_config: dict, seed: int, tags: dict[str, str]) -> None:
+        from components.tracking.pyfunc_model import log_lora_model
+
+        version = log_lora_model(self.run_id, name, lora_dir, model_config, seed)
+        for k, v in {**tags, "flowgrpo.run_id": self.run_id}.items():
+            self.client.set_model_version_tag(name, version, k, v)
+        self.log(f"registered {name} version {version} in the MLflow Model Registry")
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Finish the run; wait up to $FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S for buffered items to be sent."""
+        self._submit("finish run", lambda: self.client.set_terminated(self.run_id, status=status))
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        timeout = float(os.environ.get(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S))
+        self._idle.wait(timeout)
+        if self._monitor is not None:
+            self._monitor.finish()
+        with self._cond:
+            left = [op.name for op in self._queue]
+            self._queue.clear()
+            self._cond.notify()
+        if left:
+            self.log(f"MLflow at {self.uri}: {len(left)} item(s) not sent within {timeout:g}s "
+                     f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}); the metrics are in metrics.jsonl")
+
+
+def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, parent_run_id: str | None = None,
+                 system_metrics: bool = True, log: Callable[[str], None] = print) -> NullTracker:
+    """An MLflow tracker when $MLFLOW_TRACKING_URI is set, else a no-op one. The parent run id comes from
+    the argument or $FLOWGRPO_MLFLOW_PARENT_RUN_ID (set by the pipeline step that owns the parent run)."""
+    uri = os.environ.get(TRACKING_URI_ENV)
+    if not uri:
+        log(f"MLflow tracking off ({TRACKING_URI_ENV} is not set)")
+        return NullTracker()
+    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
+    return MlflowTracker(uri, experiment, run_name, parent_run_id=parent, run_id=run_id,
+                         system_metrics=system_metrics, log=log)

@@ -1,0 +1,34 @@
+"""Image generation with a base model plus a saved LoRA, through the pipeline's own ``__call__``.
+
+This is what a registered model serves: no FlowGRPO machinery, just the diffusers pipeline with the
+LoRA loaded by its own ``load_lora_weights``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from components.trainer.config import ModelConfig
+from components.trainer.models import FlowMatchingModel, load_model
+
+
+def load_with_lora(model_config: ModelConfig, seed: int, lora_dir: Path | None) -> FlowMatchingModel:
+    """The base model of ``model_config`` (the tiny one is rebuilt from ``seed``) with the LoRA loaded."""
+    model = load_model(model_config, seed)
+    if lora_dir is not None:
+        model.pipeline.load_lora_weights(str(lora_dir))
+    return model
+
+
+def generate(model: FlowMatchingModel, prompts: list[str], *, resolution: int, num_steps: int,
+             guidance_scale: float, seed: int) -> np.ndarray:
+    """(N, H, W, 3) uint8 images, deterministic for ``seed``."""
+    generator = torch.Generator(model.device).manual_seed(seed)
+    with torch.no_grad():
+        out = model.pipeline(prompt=prompts, height=resolution, width=resolution, num_inference_steps=num_steps,
+                             guidance_scale=guidance_scale, generator=generator, output_type="np",
+                             **model.pipeline_call_kwargs())
+    return (np.clip(out.images, 0, 1) * 255).round().astype(np.uint8)

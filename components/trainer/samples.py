@@ -1,0 +1,71 @@
+"""Sample image grids: one tile per prompt, captioned with the prompt and its reward."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+MIN_TILE = 128  # tiny models make 32 px images; scale them up so the caption has room and stays legible
+CAPTION_LINES = 3
+LINE_HEIGHT = 12
+BACKGROUND = (255, 255, 255)
+TEXT = (0, 0, 0)
+
+
+def pick_samples(prompt_index: np.ndarray, n: int) -> list[int]:
+    """Indices of the first sample of each of the first ``n`` distinct prompts (groups)."""
+    chosen: dict[int, int] = {}
+    for i, g in enumerate(prompt_index.tolist()):
+        if g not in chosen:
+            chosen[g] = i
+            if len(chosen) == n:
+                break
+    return list(chosen.values())
+
+
+def _wrap(text: str, width_chars: int, lines: int) -> list[str]:
+    out: list[str] = []
+    rest = " ".join(text.split())
+    while rest and len(out) < lines:
+        if len(rest) <= width_chars:
+            out.append(rest)
+            break
+        cut = rest.rfind(" ", 0, width_chars + 1)
+        cut = cut if cut > 0 else width_chars
+        out.append(rest[:cut])
+        rest = rest[cut:].lstrip()
+    if rest and len(out) == lines and not out[-1].endswith(rest):
+        out[-1] = out[-1][: max(width_chars - 1, 0)] + "…"
+    return out
+
+
+def tile_size(image_size: int) -> int:
+    """The integer upscale of ``image_size`` that is at least MIN_TILE pixels."""
+    return image_size * max(1, math.ceil(MIN_TILE / image_size))
+
+
+def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float]) -> np.ndarray:
+    """(N, H, W, 3) uint8 images -> one uint8 grid image; each tile is the image scaled up by an integer
+    factor (nearest) with "prompt" and "reward" lines under it."""
+    n, h, w, _ = images.shape
+    if not (n == len(prompts) == len(rewards)) or n == 0:
+        raise ValueError(f"sample_grid needs as many prompts and rewards as images, got {n}/{len(prompts)}/"
+                         f"{len(rewards)}")
+    th, tw = tile_size(h), tile_size(w)
+    caption_h = (CAPTION_LINES + 1) * LINE_HEIGHT + 4
+    cols = math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    grid = Image.new("RGB", (cols * tw, rows * (th + caption_h)), BACKGROUND)
+    draw = ImageDraw.Draw(grid)
+    font = ImageFont.load_default()
+    chars = max(tw // 6, 4)
+    for i in range(n):
+        x, y = (i % cols) * tw, (i // cols) * (th + caption_h)
+        grid.paste(Image.fromarray(images[i]).resize((tw, th), Image.Resampling.NEAREST), (x, y))
+        reward = "failed" if not math.isfinite(rewards[i]) else f"{rewards[i]:.4g}"
+        lines = [*_wrap(prompts[i], chars, CAPTION_LINES), f"reward {reward}"]
+        for j, line in enumerate(lines):
+            draw.text((x + 2, y + th + 2 + j * LINE_HEIGHT), line, fill=TEXT, font=font)
+    return np.asarray(grid)

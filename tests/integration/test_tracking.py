@@ -1,0 +1,273 @@
+"""Training against a real SeaweedFS (S3) and a real MLflow server (sqlite, artifacts in that S3).
+
+Everything is checked through the services' own APIs: boto3 for S3, MlflowClient and pyfunc for MLflow.
+"""
+
+import base64
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from botocore.config import Config
+from mlflow import MlflowClient
+from mlflow_server import MlflowServer, running_mlflow  # tests/mlflow_server.py
+from PIL import Image
+from safetensors import safe_open
+from safetensors.torch import load_file
+from seaweed import SeaweedS3, free_ports, running_seaweed  # tests/seaweed.py
+
+from components.tracking.tracker import MlflowTracker
+from components.trainer import checkpoint as ckpt
+from components.trainer.generate import generate, load_with_lora
+from components.trainer.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
+         "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=2", "tracking.sample_every=2",
+         "tracking.sample_images=2"]
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedS3, MlflowServer]]:
+    with running_seaweed(tmp_path_factory.mktemp("s3")) as s3, \
+            running_mlflow(tmp_path_factory.mktemp("mlflow"), s3=s3) as mlflow:
+        yield s3, mlflow
+
+
+@pytest.fixture
+def env(services, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    s3, mlflow = services
+    values = {**s3.env(), **mlflow.env(), "FLOWGRPO_CACHE_DIR": str(tmp_path / "cache"),
+              "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values
+
+
+def _s3_client(s3: SeaweedS3):
+    return boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.access_key,
+                        aws_secret_access_key=s3.secret_key, region_name=s3.region,
+                        config=Config(s3={"addressing_style": "path"}))
+
+
+def _keys(s3: SeaweedS3, prefix: str) -> dict[str, bytes]:
+    client = _s3_client(s3)
+    listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix):]: client.get_object(Bucket=s3.bucket, Key=o["Key"])["Body"].read() for o in listed}
+
+
+def _config(*overrides: str):
+    from pipeline.config import load_config
+
+    return load_config(None, [*SMALL, *overrides])
+
+
+def _header(path: Path) -> dict:
+    with safe_open(str(path), "pt") as f:
+        return f.metadata()
+
+
+def _messages() -> tuple[list[str], object]:
+    lines: list[str] = []
+    return lines, lines.append
+
+
+def _run_of(client: MlflowClient, experiment: str):
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return run
+
+
+def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services, env):
+    s3, mlflow = services
+    prefix = f"runs/{uuid.uuid4().hex[:8]}"
+    experiment, model_name = f"e-{uuid.uuid4().hex[:6]}", f"m-{uuid.uuid4().hex[:6]}"
+    config = _config(f"tracking.experiment={experiment}", f"tracking.registered_model={model_name}")
+    lines, log = _messages()
+    result = train(config, f"s3://{s3.bucket}/{prefix}", log=log)
+
+    # S3: the run's files, the checkpoints behind a manifest and a pointer, the final LoRA byte for byte
+    objects = _keys(s3, prefix + "/")
+    rows = [json.loads(line) for line in objects["metrics.jsonl"].decode().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4] and rows == result.history
+    assert objects["checkpoints/latest"].decode() == "epoch-000004"
+    for epoch in ("epoch-000002", "epoch-000004"):
+        manifest = json.loads(objects[f"checkpoints/{epoch}/_MANIFEST.json"])
+        for rel, meta in manifest["files"].items():
+            assert hashlib.sha256(objects[f"checkpoints/{epoch}/{rel}"]).hexdigest() == meta["sha256"]
+    assert objects["lora/" + ckpt.LORA_FILE] == (result.lora_dir / ckpt.LORA_FILE).read_bytes()
+    assert {"samples/epoch-000002.png", "samples/epoch-000004.png", "config.yaml"} <= set(objects)
+
+    # MLflow: params, lineage tags, one value per epoch for every metric, system metrics, sample images
+    client = MlflowClient(mlflow.url)
+    run = _run_of(client, experiment)
+    assert run.info.status == "FINISHED" and run.info.run_id in (result.mlflow_run_url or "")
+    assert run.data.params["train.learning_rate"] == str(config.train.learning_rate)
+    assert run.data.params["sampling.group_size"] == "4"
+    dumped = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    assert run.data.tags["flowgrpo.config_hash"] == hashlib.sha256(dumped.encode()).hexdigest()
+    assert run.data.tags["flowgrpo.latest_checkpoint"] == f"s3://{s3.bucket}/{prefix}/checkpoints/epoch-000004"
+    for key in ("reward/mean", "reward/std", "reward/brightness/mean", "advantage/abs_mean", "zero_std_group_fraction",
+                "failed_fraction", "policy_loss", "kl", "approx_kl", "clipfrac", "grad_norm", "lr", "time/sampling",
+                "time/scoring", "time/training", "images_per_s"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in rows], key
+    assert any(k.startswith("system/") for k in run.data.metrics)
+    images = [f.path for f in client.list_artifacts(run.info.run_id, "images")]
+    assert any("samples+step+2+" in p for p in images) and any("samples+step+4+" in p for p in images)
+    secrets = (s3.secret_key, s3.access_key)
+    assert not any(s in json.dumps([run.data.params, run.data.tags]) for s in secrets)
+
+    # the Model Registry: a version with lineage whose pyfunc makes the trained LoRA's images
+    (version,) = client.search_model_versions(f"name='{model_name}'")
+    assert f"registered {model_name} version {version.version}" in "\n".join(lines)
+    assert version.run_id == run.info.run_id
+    assert version.tags["flowgrpo.run_id"] == run.info.run_id
+    assert version.tags["flowgrpo.lora_uri"] == f"s3://{s3.bucket}/{prefix}/lora"
+    assert version.tags["flowgrpo.config_hash"] == run.data.tags["flowgrpo.config_hash"]
+    import mlflow.pyfunc
+
+    served = mlflow.pyfunc.load_model(f"models:/{model_name}/{version.version}")
+    prompts = ["a red apple", "a blue car"]
+    out = served.predict(pd.DataFrame({"prompt": prompts}),
+                         params={"seed": 3, "num_inference_steps": 4, "guidance_scale": 1.0})
+    got = np.stack([np.asarray(Image.open(io.BytesIO(base64.b64decode(b)))) for b in out["image_png_b64"]])
+    kw = {"resolution": 32, "num_steps": 4, "guidance_scale": 1.0, "seed": 3}
+    expected = generate(load_with_lora(config.model, config.seed, result.lora_dir), prompts, **kw)
+    base = generate(load_with_lora(config.model, config.seed, None), prompts, **kw)
+    assert np.array_equal(got, expected)
+    assert not np.array_equal(got, base)  # the registered model really carries the LoRA
+
+
+KILLER = """
+import os, sys
+from components import storage
+real, calls = storage._put_file, []
+def put_then_die(src, uri):
+    if "/checkpoints/epoch-000004/" in uri:
+        calls.append(uri)
+        if len(calls) == 2:  # one file of the checkpoint is up, the next never arrives
+            os._exit(137)
+    real(src, uri)
+storage._put_file = put_then_die
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_mid_checkpoint_upload_then_resume_matches_an_uninterrupted_run(services, env, tmp_path):
+    s3, mlflow = services
+    experiment = f"e-{uuid.uuid4().hex[:6]}"
+    args = [*SMALL, "train.epochs=6", f"tracking.experiment={experiment}", "tracking.registered_model=null",
+            "tracking.system_metrics=false"]
+    uri = f"s3://{s3.bucket}/runs/{uuid.uuid4().hex[:8]}"
+    killed = subprocess.run([sys.executable, "-c", KILLER, "train", "--output", uri, *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    assert killed.returncode == 137, killed.stderr
+    assert ckpt.latest_checkpoint(uri) == f"{uri}/checkpoints/epoch-000002"
+    partial = _keys(s3, uri.split("/", 3)[3] + "/checkpoints/epoch-000004/")
+    assert len(partial) == 1 and "_MANIFEST.json" not in partial  # the half-uploaded one is there, unpublished
+
+    lines, log = _messages()
+    resumed = train(_config(*args[len(SMALL):]), uri, resume=True, log=log)
+    assert any("resumed from" in line and "epoch-000002" in line for line in lines)
+    full = train(_config(*args[len(SMALL):], "tracking.experiment=uninterrupted"), tmp_path / "full", log=log)
+    a, b = load_file(str(full.lora_dir / ckpt.LORA_FILE)), load_file(str(resumed.lora_dir / ckpt.LORA_FILE))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # every weight, bit for bit
+    # the header's metadata too (compared as a mapping: safetensors writes its keys in hash-map order)
+    assert _header(full.lora_dir / ckpt.LORA_FILE) == _header(resumed.lora_dir / ckpt.LORA_FILE)
+
+    # the resumed run continues the killed run's MLflow run: one run, every epoch present
+    client = MlflowClient(mlflow.url)
+    run = _run_of(client, experiment)
+    assert run.info.status == "FINISHED"
+    steps = sorted({m.step for m in client.get_metric_history(run.info.run_id, "reward/mean")})
+    assert steps == [1, 2, 3, 4, 5, 6]
+    last = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [m.value for m in last if m.step == 6] == [pytest.approx(resumed.history[-1]["reward/mean"])]
+
+
+def test_outage_is_buffered_and_delivered_when_mlflow_comes_back(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    lines, log = _messages()
+    tracker = MlflowTracker(url, "outage", "r", system_metrics=False, log=log)
+    assert tracker.run_id is None
+    for step in (1, 2, 3):
+        tracker.log_metrics({"reward/mean": step / 10, "skipped": float("nan")}, step=step)
+    with running_mlflow(tmp_path / "mlflow", port=port) as server:
+        tracker.close()
+        client = MlflowClient(server.url)
+        run = _run_of(client, "outage")
+        history = client.get_metric_history(run.info.run_id, "reward/mean")
+        assert [(m.step, m.value) for m in history] == [(1, 0.1), (2, 0.2), (3, 0.3)]
+        assert "skipped" not in run.data.metrics  # NaN is not a value to plot
+        assert run.info.status == "FINISHED"
+    assert sum("unreachable" in line for line in lines) == 1
+    assert any("reachable again" in line for line in lines)
+
+
+def test_training_finishes_when_mlflow_never_answers(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    (port,) = free_ports(1)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", "1")
+    monkeypatch.setenv("FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    lines, log = _messages()
+    result = train(_config("train.epochs=2"), tmp_path / "out", log=log)
+    assert [r["epoch"] for r in result.history] == [1, 2]
+    assert ckpt.latest_checkpoint(tmp_path / "out") == str(tmp_path / "out" / "checkpoints" / "epoch-000002")
+    assert sum("unreachable" in line for line in lines) == 1
+    (left,) = [line for line in lines if "not sent" in line]
+    assert "metrics.jsonl" in left and result.mlflow_run_url is None
+
+
+def _flowgrpo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def _one_error(proc: subprocess.CompletedProcess, *secrets: str) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "error:" in line]
+    for secret in secrets:
+        assert secret not in proc.stderr + proc.stdout
+    return line
+
+
+def test_wrong_credentials_and_missing_bucket_stop_the_run_with_one_clear_line(services, env, tmp_path):
+    s3, _ = services
+    base = {**os.environ, **env}
+    wrong = "SK" + uuid.uuid4().hex
+    line = _one_error(_flowgrpo({**base, "AWS_SECRET_ACCESS_KEY": wrong}, "train", "--output",
+                                f"s3://{s3.bucket}/runs/x", *SMALL), wrong, s3.secret_key)
+    assert s3.endpoint in line and s3.bucket in line and "access denied" in line and "AWS_SECRET_ACCESS_KEY" in line
+    line = _one_error(_flowgrpo(base, "train", "--output", "s3://no-such-bucket-here/runs/x", *SMALL),
+                      s3.secret_key)
+    assert "no-such-bucket-here" in line and "bucket" in line.lower()
+
+
+def test_unreachable_mlflow_is_one_clear_line_and_not_fatal(services, env, tmp_path):
+    (port,) = free_ports(1)
+    proc = _flowgrpo({**os.environ, **env, "MLFLOW_TRACKING_URI": f"http://alice:pa55word@127.0.0.1:{port}",
+                      "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S": "1", "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S": "1"},
+                     "train", "--output", str(tmp_path / "out"), *SMALL, "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    assert "pa55word" not in proc.stderr + proc.stdout
+    reach = [line for line in proc.stderr.splitlines() if "MLflow" in line and "reachable" in line]
+    assert len(reach) == 1 and f"http://***@127.0.0.1:{port}" in reach[0], proc.stderr
+    assert "LoRA:" in proc.stdout

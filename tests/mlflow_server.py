@@ -1,0 +1,97 @@
+"""Run a real ``mlflow server`` (its own process, sqlite backend) on a loopback port for tests.
+
+Artifacts are proxied by the server (``--artifacts-destination``), so clients need only the tracking URL:
+into SeaweedFS when an ``s3`` is given, else into a local folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from seaweed import SeaweedS3, _stop, free_ports  # tests/seaweed.py
+
+
+@dataclass(frozen=True)
+class MlflowServer:
+    """Where a running MLflow tracking server answers."""
+
+    url: str
+    port: int
+
+    def env(self) -> dict[str, str]:
+        """The environment a client (or the pipeline) needs to log to this server."""
+        return {"MLFLOW_TRACKING_URI": self.url}
+
+
+def mlflow_binary() -> str:
+    """The ``mlflow`` executable beside this interpreter (the venv's) or from PATH."""
+    beside = Path(sys.executable).parent / "mlflow"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mlflow")
+    if not found:
+        raise RuntimeError("`mlflow` not found: pip install mlflow")
+    return found
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None = None,
+                   timeout_s: float = 90) -> Iterator[MlflowServer]:
+    """Start ``mlflow server`` with its db (and local artifacts) under ``workdir``, wait for ``/health``,
+    yield it, then stop its whole process group (also fine if it already died).
+
+    ``port`` pins the port, so a test can stop a server and start another where clients still point.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_ports(1)[0]
+    server = MlflowServer(url=f"http://127.0.0.1:{port}", port=port)
+    args = [mlflow_binary(), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    # The job runner and telemetry would otherwise add ~15 processes (2.4 GB) that SIGTERM leaves behind.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    if s3 is not None:
+        args += ["--artifacts-destination", f"s3://{s3.bucket}/mlflow"]
+        env.update(s3.env(), MLFLOW_S3_ENDPOINT_URL=s3.endpoint)
+    else:
+        args += ["--artifacts-destination", str(workdir / "artifacts")]
+    log_path = workdir / "mlflow.out"
+    # Its own session, so stopping it reaches the uvicorn workers it starts.
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _healthy(server.url):
+            if proc.poll() is not None:
+                tail = log_path.read_bytes()[-3000:].decode(errors="replace")
+                raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"mlflow server at {server.url} not healthy within {timeout_s:g}s")
+            time.sleep(0.2)
+        yield server
+    finally:
+        _stop(proc)
+        # Sweep whatever of its group outlived the leader (or a leader that died on its own).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
