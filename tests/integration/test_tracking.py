@@ -271,3 +271,43 @@ def test_unreachable_mlflow_is_one_clear_line_and_not_fatal(services, env, tmp_p
     reach = [line for line in proc.stderr.splitlines() if "MLflow" in line and "reachable" in line]
     assert len(reach) == 1 and f"http://***@127.0.0.1:{port}" in reach[0], proc.stderr
     assert "LoRA:" in proc.stdout
+
+
+def test_child_run_of_a_parent_and_a_wrong_parent_turns_tracking_off(services, env):
+    _, mlflow = services
+    client = MlflowClient(mlflow.url)
+    experiment = f"e-{uuid.uuid4().hex[:6]}"
+    parent = client.create_run(client.create_experiment(experiment), run_name="pipeline").info.run_id
+    lines, log = _messages()
+    child = MlflowTracker(mlflow.url, experiment, "train", parent_run_id=parent, system_metrics=False, log=log)
+    child.log_metrics({"reward/mean": 1.5}, step=1)
+    child.close()
+    run = client.get_run(child.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == parent and run.info.run_name == "train"
+    assert run.data.metrics["reward/mean"] == 1.5
+
+    lines, log = _messages()
+    orphan = MlflowTracker(mlflow.url, experiment, "train", parent_run_id="0" * 32, system_metrics=False, log=log)
+    orphan.log_metrics({"reward/mean": 1.0}, step=1)
+    orphan.close()
+    assert orphan.run_id is None
+    (line,) = [line for line in lines if "rejected" in line]
+    assert "open run" in line and "tracking is off" in line
+    assert len(client.search_runs([client.get_experiment_by_name(experiment).experiment_id])) == 2
+
+
+def test_sqlite_tracking_uri_needs_no_server(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)  # a sqlite store keeps artifacts in ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("FLOWGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    _, log = _messages()
+    result = train(_config("train.epochs=2", "tracking.experiment=local", "tracking.registered_model=local-lora",
+                           "tracking.system_metrics=false"), tmp_path / "out", log=log)
+    client = MlflowClient(uri)
+    run = _run_of(client, "local")
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r["reward/mean"]))
+                                                    for r in result.history]
+    (version,) = client.search_model_versions("name='local-lora'")
+    assert version.run_id == run.info.run_id
