@@ -1,5 +1,6 @@
 """The base every config section derives from, and one-line validation messages naming the key path."""
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,23 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"invalid config {source}: " + "; ".join(parts)
 
 
+ENV_SOURCE = "env:"
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping; ConfigError naming the file (and line) otherwise."""
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+    """A YAML file whose top level is a mapping; ConfigError naming the file (and line) otherwise.
+    ``env:NAME`` reads the YAML text from environment variable NAME instead (how a RayJob carries its config)."""
+    source = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if source.startswith(ENV_SOURCE):
+            text = os.environ.get(source[len(ENV_SOURCE):])
+            if text is None:
+                raise ConfigError(f"config {source}: environment variable {source[len(ENV_SOURCE):]} is not set")
+        elif not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        else:
+            text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

@@ -23,3 +23,7 @@ class RewardError(FlowGRPOError):
 
 class CheckpointError(FlowGRPOError):
     """A checkpoint that is missing, incomplete or does not match the config."""
+
+
+class LaunchError(FlowGRPOError):
+    """A cluster launch that cannot be built, submitted or that did not finish successfully."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from components.errors import FlowGRPOError
+from components.errors import ConfigError, FlowGRPOError
 from pipeline.config import DEFAULT_CONFIG, load_config
 
 EXIT_USER_ERROR = 2
@@ -44,7 +44,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     output = args.output or _default_output(args.config)
     print(f"training {args.config} -> {output}", file=sys.stderr, flush=True)
-    result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id)
+    if args.ray_workers < 0:
+        raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
+    result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
+                   workers=args.ray_workers)
     s = result.learning_summary()
     print(
         f"first epoch reward mean {s['first_mean']:.6g} (per-sample std {s['first_std']:.3g}); "
@@ -58,10 +61,78 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _training_history(lora: str, metrics: str | None) -> list[dict]:
+    """The run's metrics.jsonl: --metrics, else the one beside a run's lora/ folder when it is there."""
+    import json
+
+    from components import storage
+
+    if metrics is None:
+        if not lora.rstrip("/").endswith("/lora"):
+            return []
+        metrics = storage.join(lora.rstrip("/")[: -len("/lora")], "metrics.jsonl")
+        if not storage.exists(metrics):
+            return []
+    return [json.loads(line) for line in storage.get_bytes(metrics).decode().splitlines() if line.strip()]
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    _quiet_libraries()
+    from components.evaluate.evaluate import evaluate
+    from components.tracking.registry import apply_gate
+    from components.tracking.tracker import open_tracker
+
+    history = _training_history(args.lora, args.metrics)
+    tracker = open_tracker(config.tracking.experiment, "evaluate", parent_run_id=args.mlflow_parent_run_id,
+                           system_metrics=False, log=_log)
+    status = "FAILED"
+    try:
+        result = evaluate(config, config.evaluation_rewards(), config.eval, args.lora, Path(args.output),
+                          history=history, log=_log)
+        for key, row in result.summary["rewards"].items():
+            tracker.log_metrics({f"eval/{key}/{k}": v for k, v in row.items()}, step=0)
+            print(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
+                  f"{row['ci_level']:.0%} CI [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}], n {row['n']})")
+        gate = result.summary["gate"]
+        tracker.set_tags({"flowgrpo.gate": "promoted" if gate["promoted"] else "refused",
+                          "flowgrpo.gate_reason": gate["reason"]})
+        for path in (result.eval_path, result.report_path):
+            tracker.log_artifact(path)
+        for warning in result.summary["warnings"]:
+            print(f"warning: {warning}")
+        print(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
+        if args.registered_model:
+            name, _, version = args.registered_model.rpartition("/")
+            if not name or not version:
+                raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
+            apply_gate(name, version, gate["promoted"], gate["reason"], gate["alias"], log=_log)
+        print(f"eval: {result.eval_path}  report: {result.report_path}")
+        status = "FINISHED"
+    finally:
+        tracker.close(status)
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     n = config.sampling.prompts_per_epoch * config.sampling.group_size
     print(f"{args.config}: valid ({config.model.kind}, {config.train.epochs} epochs, {n} images per epoch)")
+    return 0
+
+
+def cmd_rayjob(args: argparse.Namespace) -> int:
+    from components.trainer.rayjob import build_rayjob, default_run_id, to_yaml
+
+    config = load_config(args.config, args.overrides)
+    run_id = args.run_id or default_run_id(config, args.config.stem)
+    output = args.output or f"s3://flowgrpo/runs/{run_id}"
+    manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=args.mlflow_parent_run_id)
+    sys.stdout.write(to_yaml(manifest))
     return 0
 
 
@@ -83,6 +154,21 @@ def cmd_reward_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare_dataset(args: argparse.Namespace) -> int:
+    from components.dataset.prepare import BUILTIN_PREFIX, prepare_dataset
+
+    source = f"{BUILTIN_PREFIX}{args.builtin}" if args.builtin else args.input
+    result = prepare_dataset(source, args.output, kind=args.kind, test_fraction=args.test_fraction, seed=args.seed,
+                             max_prompt_tokens=args.max_prompt_tokens,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    rows = result.manifest["rows"]
+    print(f"{source}: kept {rows['kept']} of {rows['input']} rows ({rows['train']} train, {rows['test']} test)")
+    print(f"rejected {rows['rejected']}: {result.rejections.summary()}")
+    print(f"train: {result.train_uri}\ntest: {result.test_uri}\nmanifest: {result.manifest_uri} "
+          f"(content sha256 {result.manifest['content_sha256']})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flowgrpo",
@@ -91,18 +177,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a LoRA in this process",
-                       description="Train a LoRA with FlowGRPO in this process; writes config.yaml, metrics.jsonl, "
+                       description="Train a LoRA with FlowGRPO (in this process, or on Ray with --ray-workers); "
+                                   "writes config.yaml, metrics.jsonl, "
                                    "samples/, checkpoints/ and the final lora/ under --output (a directory or "
                                    "s3://BUCKET/PREFIX; S3 endpoint and keys come from the AWS_* environment). "
                                    "Logs to MLflow when MLFLOW_TRACKING_URI is set.")
     _add_config_args(p)
     p.add_argument("--output", default=None, metavar="DIR_OR_S3_URI",
                    help="run directory or s3:// prefix (default: runs/<config name>-<timestamp>)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint under --output")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_const", const=True, default=False,
+                        help="continue from the newest complete checkpoint under --output")
+    resume.add_argument("--auto-resume", dest="resume", action="store_const", const="auto",
+                        help="continue when --output holds a checkpoint, else start (for jobs that are retried)")
     p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
                    help="log as a child of this MLflow run (default: $FLOWGRPO_MLFLOW_PARENT_RUN_ID, else a "
                         "top-level run)")
+    p.add_argument("--ray-workers", type=int, default=0, metavar="N",
+                   help="train on N data-parallel Ray Train workers (joins $RAY_ADDRESS, else starts a local "
+                        "Ray); 0 (default) trains in this process")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("reward-server", help="serve rewards over HTTP",
@@ -122,6 +215,56 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Load and validate a config with its overrides; nothing else runs.")
     _add_config_args(p)
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("evaluate", help="compare a trained LoRA with its base model",
+                       description="Sample the eval prompts (the prepared dataset's test split, else the training "
+                                   "prompts) with ODE steps and fixed seeds, with and without the LoRA, score them "
+                                   "with eval_rewards, and write eval.json (per reward: base mean, LoRA mean, delta, "
+                                   "bootstrap CI, n) and report.html to --output. Applies the promotion gate.")
+    _add_config_args(p)
+    p.add_argument("--lora", required=True, metavar="DIR_OR_S3_URI", help="the LoRA folder (diffusers format)")
+    p.add_argument("--output", required=True, type=Path, metavar="DIR", help="where eval.json and report.html go")
+    p.add_argument("--metrics", default=None, metavar="PATH_OR_S3_URI",
+                   help="the training run's metrics.jsonl (default: beside --lora when it is a run's lora/)")
+    p.add_argument("--registered-model", default=None, metavar="NAME/VERSION",
+                   help="model version the gate's verdict is recorded on (alias eval.gate.alias when promoted)")
+    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
+                   help="log the evaluation as a child of this MLflow run")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("rayjob", help="print the KubeRay RayJob of a cluster training run",
+                       description="Print the KubeRay RayJob (ray.io/v1) that trains the config on the cluster "
+                                   "described by its `cluster:` section, as YAML for `kubectl apply -f -`. Contacts "
+                                   "no cluster. The config travels inside the RayJob; credentials come from the "
+                                   "Secrets it names.")
+    _add_config_args(p)
+    p.add_argument("--output", default=None, metavar="S3_URI",
+                   help="s3:// prefix the run writes to (default: s3://flowgrpo/runs/<run id>)")
+    p.add_argument("--run-id", default=None, metavar="ID",
+                   help="names the RayJob (default: <config name>-<config hash>, so the same config gives the "
+                        "same RayJob)")
+    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
+                   help="log the run as a child of this MLflow run")
+    p.set_defaults(func=cmd_rayjob)
+
+    p = sub.add_parser("prepare-dataset", help="validate, split and write a prompt dataset",
+                       description="Read prompts from JSONL, CSV or Parquet (a path or s3:// URI; a `prompt` column, "
+                                   "other columns become metadata) or a built-in set, reject bad rows (reported "
+                                   "with line numbers), split train/test by seed and write train.parquet, "
+                                   "test.parquet and manifest.json to --output. Train on it with data.path=OUTPUT.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", metavar="PATH_OR_S3_URI", help="a .jsonl, .csv or .parquet file")
+    source.add_argument("--builtin", choices=["ocr", "aesthetic", "compositional"],
+                        help="a prompt set shipped with flowgrpo")
+    p.add_argument("--output", required=True, metavar="DIR_OR_S3_URI", help="folder or s3:// prefix to write")
+    p.add_argument("--kind", choices=["ocr", "generic"], default=None,
+                   help="ocr: also reject rows with no quoted text and no ground_truth (default: ocr for "
+                        "--builtin ocr, else generic)")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows in the test split (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split (default 0)")
+    p.add_argument("--max-prompt-tokens", type=int, default=256,
+                   help="reject prompts estimated longer than this many T5 tokens (default 256)")
+    p.set_defaults(func=cmd_prepare_dataset)
     return parser
 
 

@@ -14,8 +14,10 @@ from pydantic import Field, ValidationError, model_validator
 
 from components.config_base import format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
+from components.evaluate.config import EvalConfig
 from components.rewards.config import RewardSpec, check_unique_keys
 from components.trainer.config import TrainingJobConfig
+from components.trainer.rayjob_config import RayJobConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"
@@ -27,6 +29,11 @@ class ExperimentConfig(TrainingJobConfig):
     eval_rewards: list[RewardSpec] | None = Field(
         default=None, description="rewards for evaluation, kept apart from training; null = the training rewards",
     )
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation of the LoRA and the promotion gate")
+    cluster: RayJobConfig = Field(
+        default_factory=RayJobConfig,
+        description="the KubeRay RayJob a cluster run becomes (`flowgrpo rayjob`); a local `train` ignores it",
+    )
 
     @model_validator(mode="after")
     def _check_eval_rewards(self) -> ExperimentConfig:
@@ -34,6 +41,11 @@ class ExperimentConfig(TrainingJobConfig):
             if not self.eval_rewards:
                 raise ValueError("eval_rewards is empty; use null to evaluate with the training rewards")
             check_unique_keys(self.eval_rewards, "eval_rewards")
+        keys = [s.key for s in self.evaluation_rewards()]
+        gate = self.eval.gate
+        for where, key in [("eval.gate.metric", gate.metric), *(("eval.gate.guards", k) for k in gate.guards)]:
+            if key is not None and key not in keys:
+                raise ValueError(f"{where}: {key!r} is not an eval reward (they are: {', '.join(keys)})")
         return self
 
     def evaluation_rewards(self) -> list[RewardSpec]:

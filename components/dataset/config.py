@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from components.config_base import Section
@@ -25,13 +27,22 @@ class DataConfig(Section):
     )
     path: str | None = Field(
         default=None,
-        description="local .txt (one prompt per line) or .jsonl (a `prompt` field per line) file",
+        description="a .txt (one prompt per line) or .jsonl (a `prompt` field per line, other fields are "
+                    "metadata) file, or a folder written by `flowgrpo prepare-dataset` (it holds manifest.json); "
+                    "a local path or an s3:// URI",
+    )
+    split: Literal["train", "test"] = Field(
+        default="train",
+        description="which split of a prepared dataset to read; `test` needs `path` to be a prepared dataset",
     )
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
         if (self.prompts is None) == (self.path is None):
             raise ValueError("set exactly one of data.prompts and data.path")
+        if self.split != "train" and self.prompts is not None:
+            raise ValueError(f"data.split {self.split!r} needs data.path to be a prepared dataset; "
+                             "inline data.prompts are all training prompts")
         if self.prompts is not None:
             if not self.prompts:
                 raise ValueError("data.prompts is empty")

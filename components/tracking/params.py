@@ -69,14 +69,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def lineage_tags(config: dict[str, Any], prompts: list[str]) -> dict[str, str]:
-    """Tags that tie a run (and the model version it registers) to its inputs."""
+def lineage_tags(config: dict[str, Any], prompts: list[str], dataset_sha256: str | None = None) -> dict[str, str]:
+    """Tags that tie a run (and the model version it registers) to its inputs. The dataset hash is a prepared
+    dataset's manifest hash when there is one, else the hash of the prompt list."""
     data = config.get("data") or {}
     model = config.get("model") or {}
     tags = {
         "flowgrpo.config_hash": content_hash(config),
         "flowgrpo.dataset_uri": redact(data.get("path") or "inline:data.prompts"),
-        "flowgrpo.dataset_hash": content_hash(prompts),
+        "flowgrpo.dataset_hash": dataset_sha256 or content_hash(prompts),
         "flowgrpo.dataset_rows": str(len(prompts)),
         "flowgrpo.base_model": redact(model.get("path") or model.get("kind", "unknown")),
         "flowgrpo.git_commit": git_commit(),

@@ -62,6 +62,7 @@ class NullTracker:
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
     def log_image(self, image: np.ndarray, key: str, step: int) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def register_lora(self, name: str, lora_dir: Path, model_config: dict, seed: int,
                       tags: dict[str, str]) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
@@ -69,7 +70,7 @@ class NullTracker:
 
 class MlflowTracker(NullTracker):
     def __init__(self, uri: str, experiment: str, run_name: str, *, parent_run_id: str | None = None,
-                 run_id: str | None = None, system_metrics: bool = True,
+                 run_id: str | None = None, system_metrics: bool = True, owns_run: bool = True,
                  log: Callable[[str], None] = print) -> None:
         for key, value in _CLIENT_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
@@ -82,6 +83,7 @@ class MlflowTracker(NullTracker):
         self.url: str | None = None
         self._experiment, self._run_name, self._parent = experiment, run_name, parent_run_id
         self._system_metrics = system_metrics
+        self._owns_run = owns_run  # False: another process (the Ray driver) finishes the run
         self._monitor = None
         self._queue: collections.deque[_Op] = collections.deque()
         self._cond = threading.Condition()
@@ -200,6 +202,11 @@ class MlflowTracker(NullTracker):
         self._submit(f"image {key} of step {step}",
                      lambda: self.client.log_image(self.run_id, image, key=key, step=step, synchronous=True))
 
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Upload a file as a run artifact (e.g. the evaluation report); the file must stay until close()."""
+        self._submit(f"artifact {Path(path).name}",
+                     lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
+
     def register_lora(self, name: str, lora_dir: Path, model_config: dict, seed: int,
                       tags: dict[str, str]) -> None:
         """Log the LoRA as a pyfunc model in this run and register it as a new version of ``name``."""
@@ -215,8 +222,10 @@ class MlflowTracker(NullTracker):
         self.log(f"registered {name} version {version} in the MLflow Model Registry")
 
     def close(self, status: str = "FINISHED") -> None:
-        """Finish the run; wait up to $FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S for buffered items to be sent."""
-        self._submit("finish run", lambda: self.client.set_terminated(self.run_id, status=status))
+        """Finish the run (if this tracker owns it); wait up to $FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S for buffered
+        items to be sent."""
+        if self._owns_run:
+            self._submit("finish run", lambda: self.client.set_terminated(self.run_id, status=status))
         with self._cond:
             self._closing = True
             self._cond.notify()
@@ -234,7 +243,8 @@ class MlflowTracker(NullTracker):
 
 
 def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, parent_run_id: str | None = None,
-                 system_metrics: bool = True, log: Callable[[str], None] = print) -> NullTracker:
+                 system_metrics: bool = True, owns_run: bool = True,
+                 log: Callable[[str], None] = print) -> NullTracker:
     """An MLflow tracker when $MLFLOW_TRACKING_URI is set, else a no-op one. The parent run id comes from
     the argument or $FLOWGRPO_MLFLOW_PARENT_RUN_ID (set by the pipeline step that owns the parent run)."""
     uri = os.environ.get(TRACKING_URI_ENV)
@@ -243,4 +253,4 @@ def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, p
         return NullTracker()
     parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
     return MlflowTracker(uri, experiment, run_name, parent_run_id=parent, run_id=run_id,
-                         system_metrics=system_metrics, log=log)
+                         system_metrics=system_metrics, owns_run=owns_run, log=log)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import sys
@@ -14,15 +15,23 @@ import numpy as np
 import torch
 from PIL import Image
 
-from components.dataset.prompts import load_prompts
-from components.errors import CheckpointError
+from components.dataset.prompts import PromptRow, dataset_hash, load_prompt_rows
+from components.errors import CheckpointError, ConfigError
 from components.rewards.base import RewardOutput
 from components.rewards.client import RemoteRewardSet
-from components.rewards.scoring import BackgroundScoring, RewardSet, Scorer, check_required, combine
+from components.rewards.scoring import (
+    BackgroundScoring,
+    RewardSet,
+    Scorer,
+    check_required,
+    combine,
+    concat_outputs,
+)
 from components.tracking.params import flatten_params, lineage_tags
 from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
+from components.trainer.collective import Collective
 from components.trainer.config import TrainingJobConfig
 from components.trainer.ema import LoRAEMA
 from components.trainer.metrics import MetricsFile, progress_line
@@ -69,20 +78,47 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _epoch_generators(seed: int, epoch: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
-    """(sampling-noise generator on the model device, CPU generator for prompt order and shuffles).
+def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The CPU generator for an epoch's prompt order, SDE window and shuffles.
 
     Derived from (seed, epoch) alone, so a resumed run draws exactly what an uninterrupted one would.
     """
-    base = seed * 1_000_003 + epoch
-    return torch.Generator(device).manual_seed(base), torch.Generator().manual_seed(base + 500_000)
+    return torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_000)
 
 
-def _epoch_prompts(prompts: list[str], n: int, generator: torch.Generator) -> list[str]:
+def _noise_generators(seed: int, epoch: int, first_batch: int,
+                      device: torch.device) -> Callable[[int], torch.Generator]:
+    """Sampling batch ``b`` of this worker draws its noise from a generator seeded by (seed, epoch, global batch
+    index), so N workers sampling disjoint batches draw exactly the noise one process would."""
+    def generator(b: int) -> torch.Generator:
+        digest = hashlib.sha256(f"{seed}:{epoch}:{first_batch + b}".encode()).digest()
+        return torch.Generator(device).manual_seed(int.from_bytes(digest[:7], "little"))
+
+    return generator
+
+
+def check_world_size(config: TrainingJobConfig, world_size: int) -> None:
+    """Each worker samples whole prompt groups in whole sampling batches and trains on an equal share of
+    every micro-batch; reject worker counts that cannot split an epoch that way."""
+    s, t = config.sampling, config.train
+    per_worker = s.prompts_per_epoch // world_size * s.group_size
+    problems = []
+    if s.prompts_per_epoch % world_size:
+        problems.append(f"sampling.prompts_per_epoch ({s.prompts_per_epoch}) must be a multiple of the workers")
+    elif per_worker % s.batch_size:
+        problems.append(f"each worker's {per_worker} samples must be whole sampling batches "
+                        f"(sampling.batch_size {s.batch_size})")
+    if t.batch_size % world_size:
+        problems.append(f"train.batch_size ({t.batch_size}) must be a multiple of the workers")
+    if problems:
+        raise ConfigError(f"{world_size} workers: " + "; ".join(problems))
+
+
+def _epoch_prompts(rows: list[PromptRow], n: int, generator: torch.Generator) -> list[PromptRow]:
     order: list[int] = []
     while len(order) < n:
-        order += torch.randperm(len(prompts), generator=generator).tolist()
-    return [prompts[i] for i in order[:n]]
+        order += torch.randperm(len(rows), generator=generator).tolist()
+    return [rows[i] for i in order[:n]]
 
 
 def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> SamplerSettings:
@@ -98,22 +134,26 @@ def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> 
     )
 
 
-def _update_settings(config: TrainingJobConfig) -> UpdateSettings:
+def _update_settings(config: TrainingJobConfig, world_size: int = 1) -> UpdateSettings:
+    """Each of ``world_size`` workers trains on its share of every micro-batch; averaged gradients make the
+    optimizer step the one a single process would take on the whole micro-batch."""
     t = config.train
     return UpdateSettings(
-        batch_size=t.batch_size, gradient_accumulation_steps=t.gradient_accumulation_steps,
+        batch_size=t.batch_size // world_size, gradient_accumulation_steps=t.gradient_accumulation_steps,
         inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
         guidance_scale=config.sampling.guidance_scale if t.train_cfg else 1.0,
     )
 
 
-RESUMABLE_CHANGES = "train.epochs, train.checkpoint_every, tracking, reward_server and reward timeouts"
+RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, tracking, reward_server, reward timeouts and the "
+                     "pipeline sections (eval, eval_rewards, cluster)")
 
 
 def _fingerprint(config: TrainingJobConfig) -> dict:
     """The config a checkpoint must match to be resumed: everything that changes what is computed.
     The epoch count may grow, and where and how patiently rewards are scored may change."""
-    data = config.model_dump(mode="json")
+    # only what the trainer reads: pipeline sections (eval, cluster, ...) never change what training computes
+    data = config.model_dump(mode="json", include=set(TrainingJobConfig.model_fields))
     data["train"].pop("epochs")
     data["train"].pop("checkpoint_every")
     data.pop("reward_server")
@@ -176,14 +216,17 @@ class Trainer:
     """Owns the model, optimizer and EMA for one run; writes everything to ``output``, logs to ``tracker``."""
 
     def __init__(self, config: TrainingJobConfig, output: RunOutput | str | Path,
-                 log: Callable[[str], None] = _stderr, tracker: NullTracker | None = None) -> None:
+                 log: Callable[[str], None] = _stderr, tracker: NullTracker | None = None,
+                 collective: Collective | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.collective = collective or Collective()
+        check_world_size(config, self.collective.world_size)
         self.config = config
         self.output = output if isinstance(output, RunOutput) else RunOutput(output)
         self.output.prepare(fresh=False)
         self.log = log
         self.tracker = tracker or NullTracker()
-        self.prompts = load_prompts(config.data)
+        self.rows = load_prompt_rows(config.data)
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed)
         device = self.model.device
@@ -234,51 +277,62 @@ class Trainer:
             self.ema.load_state_dict(state.ema)
         torch.set_rng_state(state.rng)
         self.epoch, self.optimizer_step = state.epoch, state.optimizer_step
-        self.output.fetch(METRICS_FILE)
-        self.metrics.truncate_after(self.epoch)
-        self.output.publish(METRICS_FILE)
-        self.log(f"resumed from {path} (epoch {self.epoch}, optimizer step {self.optimizer_step})")
+        if self.collective.is_main:
+            self.output.fetch(METRICS_FILE)
+            self.metrics.truncate_after(self.epoch)
+            self.output.publish(METRICS_FILE)
+            self.log(f"resumed from {path} (epoch {self.epoch}, optimizer step {self.optimizer_step})")
 
     # -- one epoch ---------------------------------------------------------------------------------
     def run_epoch(self) -> dict[str, float]:
-        cfg = self.config
-        noise_gen, cpu_gen = _epoch_generators(cfg.seed, self.epoch, self.model.device)
-        prompts = _epoch_prompts(self.prompts, cfg.sampling.prompts_per_epoch, cpu_gen)
+        """Sample this worker's share of the epoch's prompt groups, score them, gather every worker's
+        rewards so advantages are computed over the whole batch, then update on this worker's samples."""
+        cfg, world = self.config, self.collective
+        cpu_gen = _epoch_generator(cfg.seed, self.epoch)
+        prompts = _epoch_prompts(self.rows, cfg.sampling.prompts_per_epoch, cpu_gen)
         sampler = _sampler_settings(cfg, cpu_gen)
-
-        group_size = cfg.sampling.group_size
+        group_size, batch_size = cfg.sampling.group_size, cfg.sampling.batch_size
+        share = len(prompts) // world.world_size
+        mine = prompts[world.rank * share:(world.rank + 1) * share]
+        noise = _noise_generators(cfg.seed, self.epoch, world.rank * share * group_size // batch_size,
+                                  self.model.device)
         scoring = BackgroundScoring(self.scorer, max_in_flight=cfg.reward_server.max_in_flight)
 
         def score_batch(images: np.ndarray, prompt_idx: torch.Tensor) -> None:
             groups = prompt_idx.tolist()  # a sample's prompt is its GRPO group
-            scoring.submit(images, [prompts[g] for g in groups], [{} for _ in groups], groups)
+            scoring.submit(images, [mine[g].prompt for g in groups], [mine[g].metadata for g in groups], groups)
 
         t0 = time.perf_counter()
-        rollout = sample_rollout(self.model, prompts, group_size, cfg.sampling.batch_size, sampler, noise_gen,
+        rollout = sample_rollout(self.model, [r.prompt for r in mine], group_size, batch_size, sampler, noise,
                                  on_batch=score_batch)
         t1 = time.perf_counter()
         outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
         t2 = time.perf_counter()
+        parts = world.all_gather(outputs)
+        outputs = {key: concat_outputs([part[key] for part in parts]) for key in outputs}
         check_required(outputs, self.scorer.required)
         combined = combine(outputs, self.scorer.weights)
-        advantages = rollout_advantages(cfg, self.scorer.weights, outputs, combined, rollout.prompt_index)
+        group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
+        advantages = rollout_advantages(cfg, self.scorer.weights, outputs, combined, group_ids)
+        local = slice(world.rank * len(rollout), (world.rank + 1) * len(rollout))
         update_metrics, self.optimizer_step = policy_update(
-            self.model, self.optimizer, self.params, rollout, advantages, sampler, _update_settings(cfg), cpu_gen,
-            self.ema, self.optimizer_step,
+            self.model, self.optimizer, self.params, rollout, advantages[local], sampler,
+            _update_settings(cfg, world.world_size), cpu_gen, self.ema, self.optimizer_step,
+            average_grads=world.average_ if world.world_size > 1 else None,
         )
         t3 = time.perf_counter()
 
         self.epoch += 1
-        row = {"epoch": self.epoch, **_epoch_metrics(outputs, combined, advantages, rollout.prompt_index)}
-        row.update(update_metrics)
+        row = {"epoch": self.epoch, **_epoch_metrics(outputs, combined, advantages, group_ids)}
+        row.update(world.mean(update_metrics))
         row.update({
             "lr": self.optimizer.param_groups[0]["lr"], "optimizer_step": self.optimizer_step,
             "time/sampling": t1 - t0, "time/scoring": t2 - t1, "time/training": t3 - t2,
-            "images_per_s": len(rollout) / (t3 - t0),
+            "images_per_s": len(combined) / (t3 - t0),
         })
         every = cfg.tracking.sample_every
-        if every and (self.epoch % every == 0 or self.epoch == cfg.train.epochs):
-            self._log_samples(rollout, combined)
+        if world.is_main and every and (self.epoch % every == 0 or self.epoch == cfg.train.epochs):
+            self._log_samples(rollout, combined[local])
         return row
 
     def _log_samples(self, rollout: Rollout, combined: np.ndarray) -> None:
@@ -292,15 +346,18 @@ class Trainer:
         self.tracker.log_image(grid, key="samples", step=self.epoch)
 
     def fit(self) -> TrainResult:
-        cfg = self.config
+        """Train to ``train.epochs``. Only the main worker writes metrics, checkpoints and the LoRA."""
+        cfg, main = self.config, self.collective.is_main
         total = cfg.train.epochs
-        if self.epoch >= total:
+        if self.epoch >= total and main:
             self.log(f"nothing to do: {self.epoch} of {total} epochs already done")
         started = time.perf_counter()
         first_epoch = self.epoch
         try:
             while self.epoch < total:
                 row = self.run_epoch()
+                if not main:
+                    continue
                 self.metrics.append(row)
                 self.output.publish(METRICS_FILE)
                 self.tracker.log_metrics(row, step=self.epoch)
@@ -311,51 +368,83 @@ class Trainer:
         finally:
             self.scorer.close()
         lora_dir = self.output.local / FINAL_LORA_DIR
-        self._save_lora(lora_dir)
-        self.output.publish_dir(FINAL_LORA_DIR)
-        return TrainResult(self.output, self.metrics.read(), lora_dir, self.tracker.url)
-
-    def register(self, lineage: dict[str, str]) -> None:
-        """Register the final LoRA in the Model Registry (queued on the tracker; no-op without tracking)."""
-        name = self.config.tracking.registered_model
-        if name:
-            tags = {**lineage, "flowgrpo.lora_uri": self.output.uri_of(FINAL_LORA_DIR)}
-            self.tracker.register_lora(name, self.output.local / FINAL_LORA_DIR,
-                                       self.config.model.model_dump(mode="json"), self.config.seed, tags)
+        if main:
+            self._save_lora(lora_dir)
+            self.output.publish_dir(FINAL_LORA_DIR)
+        return TrainResult(self.output, self.metrics.read() if main else [], lora_dir, self.tracker.url)
 
 
-def train(config: TrainingJobConfig, output: str | Path, *, resume: bool = False,
-          log: Callable[[str], None] = _stderr, parent_run_id: str | None = None) -> TrainResult:
-    """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix); with ``resume``
-    continue from the newest complete checkpoint there. Tracks to MLflow when MLFLOW_TRACKING_URI is set."""
+
+def run_worker(config: TrainingJobConfig, out: RunOutput, *, log: Callable[[str], None] = _stderr,
+               tracker: NullTracker | None = None, collective: Collective | None = None) -> TrainResult:
+    """One trainer process (or one of N data-parallel workers) from the newest checkpoint under ``out``, or
+    from scratch when there is none; the same call serves a first start and a restart after a failure."""
+    trainer = Trainer(config, out, log=log, tracker=tracker, collective=collective)
+    latest = ckpt.latest_checkpoint(out.uri)
+    if latest is not None:
+        trainer.resume(latest, ckpt.read_checkpoint(latest))
+    elif trainer.collective.is_main:
+        trainer.metrics.path.unlink(missing_ok=True)
+    return trainer.fit()
+
+
+def _open_output(config: TrainingJobConfig, output: str | Path,
+                 resume: bool | str) -> tuple[RunOutput, str | None, bool]:
+    """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output,
+    the MLflow run to continue and whether this continues a run."""
     out = RunOutput(output)
     latest = ckpt.latest_checkpoint(out.uri)
+    if resume == "auto":
+        resume = latest is not None
     if resume and latest is None:
         raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.checkpoint_root(out.uri)}")
     if not resume and latest is not None:
         raise CheckpointError(
             f"{out.uri} already holds checkpoints; pass --resume to continue that run or choose another --output"
         )
-    state = ckpt.read_checkpoint(latest) if resume else None
+    run_id = ckpt.read_checkpoint(latest).mlflow_run_id if latest else None
     out.prepare(fresh=not resume)
     (out.local / CONFIG_FILE).write_text(_dump_yaml(config))
     out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
+    return out, run_id, bool(resume)
+
+
+def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, lineage: dict[str, str]) -> None:
+    """Register the final LoRA in the Model Registry (queued on the tracker; no-op without tracking)."""
+    name = config.tracking.registered_model
+    if name:
+        tags = {**lineage, "flowgrpo.lora_uri": out.uri_of(FINAL_LORA_DIR)}
+        tracker.register_lora(name, out.local / FINAL_LORA_DIR, config.model.model_dump(mode="json"), config.seed,
+                              tags)
+
+
+def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str = False,
+          log: Callable[[str], None] = _stderr, parent_run_id: str | None = None, workers: int = 0) -> TrainResult:
+    """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix). With ``resume``
+    continue from the newest complete checkpoint there; ``"auto"`` continues if there is one (a retried job).
+    ``workers`` > 0 trains on that many Ray Train workers instead of in this process. Tracks to MLflow when
+    MLFLOW_TRACKING_URI is set."""
+    if workers:
+        check_world_size(config, workers)
+    out, run_id, resume = _open_output(config, output, resume)
     t = config.tracking
-    tracker = open_tracker(t.experiment, PurePosixPath(out.uri.rstrip("/")).name or "train",
-                           run_id=state.mlflow_run_id if state else None, parent_run_id=parent_run_id,
-                           system_metrics=t.system_metrics, log=log)
+    tracker = open_tracker(t.experiment, PurePosixPath(out.uri.rstrip("/")).name or "train", run_id=run_id,
+                           parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
-        trainer = Trainer(config, out, log=log, tracker=tracker)
-        lineage = lineage_tags(config.model_dump(mode="json"), trainer.prompts)
+        dumped = config.model_dump(mode="json")
+        lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
         tracker.set_tags(lineage)
-        if state is None:
-            tracker.log_params(flatten_params(config.model_dump(mode="json")))
-            trainer.metrics.path.unlink(missing_ok=True)
+        if not resume:
+            tracker.log_params(flatten_params(dumped))
+        if workers:
+            from components.trainer.ray_train import run_on_ray
+
+            run_on_ray(config, out, workers, tracker, log)
+            result = _collect(out, tracker)
         else:
-            trainer.resume(latest, state)
-        result = trainer.fit()
-        trainer.register(lineage)
+            result = run_worker(config, out, log=log, tracker=tracker)
+        _register(tracker, config, out, lineage)
         status = "FINISHED"
         return result
     except KeyboardInterrupt:
@@ -363,6 +452,16 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool = False
         raise
     finally:
         tracker.close(status)
+
+
+def _collect(out: RunOutput, tracker: NullTracker) -> TrainResult:
+    """The result of a run the workers wrote: its metrics and final LoRA, copied here from ``out``."""
+    from components import storage
+
+    out.fetch(METRICS_FILE)
+    if out.remote:
+        storage.download_dir(out.uri_of(FINAL_LORA_DIR), out.local / FINAL_LORA_DIR)
+    return TrainResult(out, MetricsFile(out.local / METRICS_FILE).read(), out.local / FINAL_LORA_DIR, tracker.url)
 
 
 def _dump_yaml(config: TrainingJobConfig) -> str:

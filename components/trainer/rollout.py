@@ -79,10 +79,13 @@ def sample_rollout(
     group_size: int,
     batch_size: int,
     settings: SamplerSettings,
-    generator: torch.Generator,
+    generator: torch.Generator | Callable[[int], torch.Generator],
     on_batch: Callable[[np.ndarray, torch.Tensor], None] | None = None,
 ) -> Rollout:
     """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass.
+
+    ``generator`` draws all the noise, or is a function giving batch ``b`` its own generator (so a
+    shard of the batches, sampled on another worker, draws exactly the noise it would in one process).
 
     ``on_batch(images, prompt_indices)`` is called as soon as each batch is decoded, so scoring can
     overlap the sampling of the next batch.
@@ -96,9 +99,10 @@ def sample_rollout(
         raise ValueError(f"train_steps must be consecutive, got {train_steps}")
 
     trajectories, log_probs, images = [], [], []
-    for idx in prompt_index.split(batch_size):
+    for b, idx in enumerate(prompt_index.split(batch_size)):
+        batch_generator = generator(b) if callable(generator) else generator
         cond = embeds.select(idx)
-        x = torch.randn((len(idx), *shape), generator=generator, device=model.device, dtype=torch.float32)
+        x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
         states, lps = [], []
         for i in range(settings.num_steps):
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
@@ -106,7 +110,7 @@ def sample_rollout(
             if i in sde_steps:
                 x_next, lp, _, _ = sde_step_with_logprob(
                     v, s, s_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
-                    generator=generator,
+                    generator=batch_generator,
                 )
             else:
                 x_next, lp = euler_step(v, s, s_next, x), None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -37,11 +38,14 @@ def policy_update(
     generator: torch.Generator,
     ema: LoRAEMA | None,
     optimizer_step: int,
+    average_grads: Callable[[list[torch.Tensor]], None] | None = None,
 ) -> tuple[dict[str, float], int]:
     """Run the inner epochs; returns mean metrics and the new optimizer step count.
 
     Gradients accumulate over all trained timesteps of ``gradient_accumulation_steps``
-    micro-batches, then one clipped optimizer step is taken.
+    micro-batches, then one clipped optimizer step is taken. With data-parallel workers,
+    ``average_grads`` averages the accumulated gradients over them first, so every worker
+    clips and steps identically.
     """
     n_steps = rollout.log_probs.shape[1]
     scale = 1.0 / (n_steps * settings.gradient_accumulation_steps)
@@ -70,6 +74,11 @@ def policy_update(
                         sums[key] = sums[key] + v
                         counts[key] += 1
             if (i + 1) % settings.gradient_accumulation_steps == 0:
+                if average_grads is not None:
+                    for p in params:  # every worker must reduce the same tensors
+                        if p.grad is None:
+                            p.grad = torch.zeros_like(p)
+                    average_grads([p.grad for p in params])
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)

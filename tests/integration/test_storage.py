@@ -8,13 +8,12 @@ import os
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
 from botocore.config import Config
-from seaweed import SeaweedS3, free_ports, running_seaweed  # tests/seaweed.py
+from seaweed import SeaweedS3, free_ports  # tests/seaweed.py
 
 from components import storage
 from components.errors import FlowGRPOError
@@ -22,23 +21,10 @@ from components.errors import FlowGRPOError
 MiB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
-    with running_seaweed(tmp_path_factory.mktemp("seaweed")) as server:
-        yield server
-
-
 @pytest.fixture(autouse=True)
-def s3_env(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SeaweedS3:
-    """Point boto3 at the test server through the environment only, as in production."""
-    for name in ("AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS"):
-        monkeypatch.delenv(name, raising=False)
-    # A developer's ~/.aws must not change what the tests see.
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
-    return seaweed
+def _s3(s3_env: SeaweedS3) -> SeaweedS3:
+    """Every test here talks to the session's SeaweedFS (tests/integration/conftest.py)."""
+    return s3_env
 
 
 @pytest.fixture

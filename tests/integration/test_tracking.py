@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -21,11 +20,11 @@ import pytest
 import torch
 from botocore.config import Config
 from mlflow import MlflowClient
-from mlflow_server import MlflowServer, running_mlflow  # tests/mlflow_server.py
+from mlflow_server import running_mlflow  # tests/mlflow_server.py
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
-from seaweed import SeaweedS3, free_ports, running_seaweed  # tests/seaweed.py
+from seaweed import SeaweedS3, free_ports  # tests/seaweed.py
 
 from components.tracking.tracker import MlflowTracker
 from components.trainer import checkpoint as ckpt
@@ -36,24 +35,6 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
          "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=2", "tracking.sample_every=2",
          "tracking.sample_images=2"]
-
-
-@pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedS3, MlflowServer]]:
-    with running_seaweed(tmp_path_factory.mktemp("s3")) as s3, \
-            running_mlflow(tmp_path_factory.mktemp("mlflow"), s3=s3) as mlflow:
-        yield s3, mlflow
-
-
-@pytest.fixture
-def env(services, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
-    s3, mlflow = services
-    values = {**s3.env(), **mlflow.env(), "FLOWGRPO_CACHE_DIR": str(tmp_path / "cache"),
-              "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
-              "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
-    for key, value in values.items():
-        monkeypatch.setenv(key, value)
-    return values
 
 
 def _s3_client(s3: SeaweedS3):

@@ -121,3 +121,17 @@ def test_each_sample_is_scored_with_its_own_prompt(small_config, tmp_path):
         # 2 distinct prompts per epoch, 4 samples each: the mean is the mean of two distinct lengths
         assert row["reward/plen/mean"] in {(a + b) / 2 for a in lengths for b in lengths if a != b}
         assert row["zero_std_group_fraction"] == 1.0  # a group's samples share a prompt, so a score
+
+
+def test_each_sample_is_scored_with_its_rows_metadata(small_config, tmp_path):
+    rows = [{"prompt": "sign A", "ground_truth": "x"}, {"prompt": "sign B", "ground_truth": "xxxx"},
+            {"prompt": "sign C", "ground_truth": "xxxxxxxxx"}]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = train(small_config("data.prompts=null", f"data.path={data}", "train.epochs=3",
+                                "rewards=[{name: 'reward_fixtures:GroundTruthLength', label: gt}]"),
+                   tmp_path / "out", log=_quiet)
+    lengths = [1, 4, 9]
+    for row in result.history:
+        # 2 distinct rows per epoch, 4 samples each: the mean is the mean of two distinct targets' lengths
+        assert row["reward/gt/mean"] in {(a + b) / 2 for a in lengths for b in lengths if a != b}

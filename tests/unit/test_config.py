@@ -96,3 +96,24 @@ def test_top_level_must_be_a_mapping(tmp_path):
 def test_partial_file_takes_defaults_for_the_rest(tmp_path):
     c = load_config(_write(tmp_path, "train:\n  epochs: 2\n"))
     assert c.train.epochs == 2 and c.sampling == ExperimentConfig().sampling
+
+
+def test_config_from_an_environment_variable(monkeypatch):
+    monkeypatch.setenv("FLOWGRPO_TEST_CONFIG", "train:\n  epochs: 7\nseed: 3\n")
+    c = load_config("env:FLOWGRPO_TEST_CONFIG", ["sampling.group_size=4"])
+    assert (c.train.epochs, c.seed, c.sampling.group_size) == (7, 3, 4)
+    monkeypatch.delenv("FLOWGRPO_TEST_CONFIG")
+    with pytest.raises(ConfigError, match="environment variable FLOWGRPO_TEST_CONFIG is not set"):
+        load_config("env:FLOWGRPO_TEST_CONFIG")
+    monkeypatch.setenv("FLOWGRPO_TEST_CONFIG", "train: [1\n")
+    with pytest.raises(ConfigError, match=r"env:FLOWGRPO_TEST_CONFIG:2:1: YAML syntax error"):
+        load_config("env:FLOWGRPO_TEST_CONFIG")
+
+
+def test_gate_rewards_must_be_eval_rewards():
+    with pytest.raises(ConfigError, match=r"eval.gate.metric: 'ocr' is not an eval reward \(they are: brightness\)"):
+        load_config(None, ["eval.gate.metric=ocr"])
+    with pytest.raises(ConfigError, match=r"eval.gate.guards: 'aesthetic' is not an eval reward"):
+        load_config(None, ["eval.gate.guards={aesthetic: 0.1}"])
+    c = load_config(None, ["eval_rewards=[{name: jpeg_compressibility}]", "eval.gate.metric=jpeg_compressibility"])
+    assert c.eval.gate.metric == "jpeg_compressibility"

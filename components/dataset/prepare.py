@@ -1,0 +1,342 @@
+"""Turn user prompt data (JSONL, CSV or Parquet; local or ``s3://``) into a prepared dataset.
+
+Every input row needs a non-empty string ``prompt``; every other field or column becomes a metadata key
+(null / empty values are dropped, so an empty CSV cell and a missing JSON key mean the same). Rows are
+checked and the bad ones rejected with a reason, counted and reported with their line numbers; the rest are
+split into train and test by seed and written as described in ``prepared.py``.
+
+Choices, and why:
+- Length limit: ``max_prompt_tokens`` (default 256, what SD3's T5 encoder takes; the CLIP encoders take 77
+  and silently truncate, which the T5 copy of the prompt makes up for). Tokens are *estimated* without a
+  tokenizer as ``max(words, ceil(characters / 4))``: English averages about 4.5 characters per T5 token and
+  one word is at least one token, so the estimate errs towards rejecting. A too-long prompt is rejected,
+  not truncated: the encoder would drop its tail silently while rewards still score the whole prompt.
+- Duplicates are prompts equal after whitespace normalisation; the first is kept.
+- Split: rows are ranked by ``sha256(f"{seed}:{id}")`` and the first ``round(n * test_fraction)`` (at least
+  one when there are two rows or more and ``test_fraction > 0``, never all) form the test split. A row's
+  split depends only on the seed, its prompt and the row count, not on the input order.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, NamedTuple
+
+from components import storage
+from components.dataset.prepared import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    SPLITS,
+    PromptRow,
+    dataset_sha256,
+    metadata_json,
+    normalize_prompt,
+    row_id,
+    rows_sha256,
+    write_split,
+)
+from components.errors import DataError
+from components.rewards.text_match import target_text
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["ocr", "generic"]
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+BUILTIN_KINDS: dict[str, Kind] = {"ocr": "ocr", "aesthetic": "generic", "compositional": "generic"}
+BUILTIN_PREFIX = "builtin:"
+
+# Reason key -> what it means (in report order).
+REASONS = {
+    "unparseable": "record does not parse",
+    "bad_encoding": "not valid UTF-8",
+    "missing_prompt": "missing, empty or non-string prompt",
+    "prompt_too_long": "prompt longer than max_prompt_tokens (estimated)",
+    "no_ocr_target": "no quoted text and no ground_truth",
+    "duplicate": "same prompt as an earlier row",
+}
+MAX_EXAMPLES = 5
+DEFAULT_MAX_PROMPT_TOKENS = 256
+# Seconds between progress lines while reading; tests lower it.
+PROGRESS_INTERVAL_S = 5.0
+_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+@dataclass
+class Rejections:
+    """Rejected rows per reason: a count, the first line (or Parquet row) numbers and the first detail."""
+
+    unit: str = "line"
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    examples: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in REASONS})
+    details: dict[str, str] = field(default_factory=dict)
+
+    def add(self, reason: str, where: int, detail: str = "") -> None:
+        self.counts[reason] += 1
+        if len(self.examples[reason]) < MAX_EXAMPLES:
+            self.examples[reason].append(where)
+        if detail and reason not in self.details:
+            self.details[reason] = detail
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        """One line: ``reason N (lines a, b, ...: first detail); ...`` for each reason that occurred."""
+        parts = []
+        for reason, n in self.counts.items():
+            if n:
+                where = ", ".join(map(str, self.examples[reason])) + (", ..." if n > MAX_EXAMPLES else "")
+                detail = f": {self.details[reason]}" if reason in self.details else ""
+                unit = self.unit if n == 1 else f"{self.unit}s"
+                parts.append(f"{reason} {n} ({unit} {where}{detail})")
+        return "; ".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class PreparedDataset:
+    """Where a prepared dataset was written, its manifest and what was rejected."""
+
+    uri: str
+    train_uri: str
+    test_uri: str
+    manifest_uri: str
+    manifest: dict[str, Any]
+    rejections: Rejections
+
+
+class _Record(NamedTuple):
+    where: int  # 1-based line (JSONL, CSV: where the record starts) or row (Parquet)
+    fields: dict[str, Any] | None  # None when the record was rejected while reading
+    reason: str = ""
+    detail: str = ""
+
+
+def estimate_tokens(prompt: str) -> int:
+    """A tokenizer-free upper-leaning estimate of T5 tokens (see the module docstring)."""
+    return max(len(prompt.split()), math.ceil(len(prompt) / 4))
+
+
+def _present(value: Any) -> bool:
+    return value is not None and value != "" and not (isinstance(value, float) and math.isnan(value))
+
+
+def _utf8(text: str) -> bool:
+    # Files are decoded with surrogateescape: invalid bytes, and only they, become lone surrogates.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _jsonl_records(path: Path, source: str) -> Iterator[_Record]:
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError as exc:
+                yield _Record(lineno, None, "bad_encoding", f"invalid byte at column {exc.start + 1}")
+                continue
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as exc:
+                yield _Record(lineno, None, "unparseable", f"bad JSON: {getattr(exc, 'msg', exc)}")
+                continue
+            if not isinstance(obj, dict):
+                yield _Record(lineno, None, "unparseable", f"a JSON {type(obj).__name__}, not an object")
+                continue
+            yield _Record(lineno, obj)
+
+
+def _csv_records(path: Path, source: str) -> Iterator[_Record]:
+    with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return
+        if not all(map(_utf8, header)) or "prompt" not in header or len(set(header)) != len(header):
+            raise DataError(f"{source}:1: the CSV header must be UTF-8 with distinct column names including "
+                            f"'prompt' (got {header!r})")
+        end = reader.line_num
+        while True:
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                start, end = end + 1, reader.line_num
+                yield _Record(start, None, "unparseable", f"bad CSV: {exc}")
+                continue
+            start, end = end + 1, reader.line_num
+            if not fields:  # a blank line
+                continue
+            if not all(map(_utf8, fields)):
+                yield _Record(start, None, "bad_encoding", "invalid UTF-8 bytes")
+            elif len(fields) != len(header):
+                yield _Record(start, None, "unparseable", f"{len(fields)} fields where the header has {len(header)}")
+            else:
+                yield _Record(start, dict(zip(header, fields, strict=True)))
+
+
+def _parquet_records(path: Path, source: str) -> Iterator[_Record]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(f"{source}: not a readable Parquet file ({exc})") from exc
+    if "prompt" not in parquet.schema_arrow.names:
+        raise DataError(f"{source}: no 'prompt' column (columns: {parquet.schema_arrow.names})")
+    n = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=4096):
+            for fields in batch.to_pylist():
+                n += 1
+                yield _Record(n, fields)
+    except (pa.ArrowException, UnicodeDecodeError) as exc:
+        raise DataError(f"{source}: cannot read the Parquet rows after row {n} ({exc})") from exc
+
+
+def _check(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int) -> tuple[PromptRow | None, str, str]:
+    """The row a record makes, or None with the reason and a detail."""
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return None, "missing_prompt", "" if prompt is None else f"prompt is {prompt!r}"[:80]
+    prompt = normalize_prompt(prompt)
+    tokens = estimate_tokens(prompt)
+    if tokens > max_prompt_tokens:
+        return None, "prompt_too_long", f"about {tokens} tokens, limit {max_prompt_tokens}"
+    metadata = {k: v for k, v in fields.items() if k != "prompt" and _present(v)}
+    try:
+        metadata_json(metadata)
+    except (TypeError, ValueError) as exc:
+        return None, "unparseable", f"metadata not JSON-serialisable ({exc})"
+    if kind == "ocr" and not target_text(prompt, metadata).strip():
+        return None, "no_ocr_target", ""
+    return PromptRow(prompt, metadata), "", ""
+
+
+def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int,
+               progress: Callable[[str], None]) -> tuple[list[PromptRow], Rejections, int]:
+    fmt = _FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(f"{source}: unknown format; name the file .jsonl, .csv or .parquet")
+    records = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records}[fmt](path, source)
+    rejections = Rejections(unit="row" if fmt == "parquet" else "line")
+    rows: list[PromptRow] = []
+    first_seen: dict[str, int] = {}
+    n = 0
+    last = time.monotonic()
+    for record in records:
+        n += 1
+        if time.monotonic() - last >= PROGRESS_INTERVAL_S:
+            last = time.monotonic()
+            progress(f"{source}: {n} records read, {len(rows)} kept, {rejections.total} rejected")
+        if record.fields is None:
+            rejections.add(record.reason, record.where, record.detail)
+            continue
+        row, reason, detail = _check(record.fields, kind, max_prompt_tokens)
+        if row is not None and row.prompt in first_seen:
+            row, reason, detail = None, "duplicate", f"first at {rejections.unit} {first_seen[row.prompt]}"
+        if row is None:
+            rejections.add(reason, record.where, detail)
+            continue
+        first_seen[row.prompt] = record.where
+        rows.append(row)
+    return rows, rejections, n
+
+
+def split_rows(rows: list[PromptRow], test_fraction: float, seed: int) -> dict[str, list[PromptRow]]:
+    """Deterministic train/test split (see the module docstring); each split sorted by id."""
+    n = len(rows)
+    n_test = 0 if n < 2 or test_fraction <= 0 else min(n - 1, max(1, round(n * test_fraction)))
+    ranked = sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{row_id(r.prompt)}".encode()).digest())
+    by_id = lambda r: row_id(r.prompt)  # noqa: E731
+    return {"train": sorted(ranked[n_test:], key=by_id), "test": sorted(ranked[:n_test], key=by_id)}
+
+
+def builtin_source(name: str) -> Path:
+    """The JSONL file of a built-in prompt set."""
+    if name not in BUILTIN_KINDS:
+        raise DataError(f"unknown built-in prompt set {name!r}; choose one of {sorted(BUILTIN_KINDS)}")
+    return BUILTIN_DIR / f"{name}.jsonl"
+
+
+def prepare_dataset(source: str, output: str, *, kind: Kind | None = None, test_fraction: float = 0.1,
+                    seed: int = 0, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+                    progress: Callable[[str], None] | None = None) -> PreparedDataset:
+    """Validate ``source`` (a path, an ``s3://`` URI or ``builtin:NAME``), split it and write it to ``output``.
+
+    ``kind`` "ocr" also rejects rows without a text to render; it defaults to "ocr" for ``builtin:ocr`` and
+    "generic" otherwise. Raises DataError when nothing usable is left, listing the reasons.
+    """
+    progress = progress or log.info
+    if not 0 <= test_fraction < 1:
+        raise DataError(f"test_fraction must be in [0, 1), got {test_fraction}")
+    if max_prompt_tokens < 1:
+        raise DataError(f"max_prompt_tokens must be at least 1, got {max_prompt_tokens}")
+    builtin = source.removeprefix(BUILTIN_PREFIX) if source.startswith(BUILTIN_PREFIX) else None
+    kind = kind or (BUILTIN_KINDS.get(builtin, "generic") if builtin else "generic")
+    with tempfile.TemporaryDirectory(prefix="flowgrpo-dataset-") as tmp:
+        if builtin is not None:
+            local = builtin_source(builtin)
+        elif storage.is_remote(source):
+            # A fresh download each time: a cached copy would go stale when the object is replaced.
+            local = Path(tmp) / f"input{PurePosixPath(source).suffix}"
+            storage.get_file(source, local)
+        else:
+            local = Path(source)
+            if not local.is_file():
+                raise DataError(f"{source} does not exist or is not a file")
+        rows, rejections, n_records = _read_rows(local, source, kind, max_prompt_tokens, progress)
+        if not rows:
+            what = f"all {n_records} rows rejected: {rejections.summary()}" if n_records else "holds no rows"
+            raise DataError(f"{source}: {what}")
+        progress(f"{source}: {n_records} records read, {len(rows)} kept, {rejections.total} rejected")
+        splits = split_rows(rows, test_fraction, seed)
+        split_hashes = {s: rows_sha256(splits[s]) for s in SPLITS}
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "source": source,
+            "kind": kind,
+            "seed": seed,
+            "test_fraction": test_fraction,
+            "max_prompt_tokens": max_prompt_tokens,
+            "rows": {"input": n_records, "kept": len(rows), "rejected": rejections.total,
+                     **{s: len(splits[s]) for s in SPLITS}},
+            "rejected": rejections.counts,
+            "rejected_examples": {r: v for r, v in rejections.examples.items() if v},
+            "rejected_unit": rejections.unit,
+            "content_sha256": dataset_sha256(split_hashes),
+            "splits": {s: {"file": f"{s}.parquet", "rows": len(splits[s]), "sha256": split_hashes[s]}
+                       for s in SPLITS},
+            "columns": {"id": "16 hex digits of sha256(prompt)", "prompt": "string",
+                        "metadata": "JSON object as a string"},
+        }
+        manifest_uri = storage.join(output, MANIFEST_NAME)
+        # An old manifest must never describe the new split files while they are being replaced.
+        storage.delete(manifest_uri)
+        for s in SPLITS:
+            write_split(splits[s], Path(tmp) / f"{s}.parquet")
+            storage.put_file(Path(tmp) / f"{s}.parquet", storage.join(output, f"{s}.parquet"))
+        storage.put_bytes(json.dumps(manifest, indent=1).encode() + b"\n", manifest_uri)
+    return PreparedDataset(uri=output, train_uri=storage.join(output, "train.parquet"),
+                           test_uri=storage.join(output, "test.parquet"), manifest_uri=manifest_uri,
+                           manifest=manifest, rejections=rejections)

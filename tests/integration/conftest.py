@@ -1,0 +1,47 @@
+"""Services shared by the integration modules: one real SeaweedFS and one real MLflow server per session."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow_server import MlflowServer, running_mlflow  # tests/mlflow_server.py
+from seaweed import SeaweedS3, running_seaweed  # tests/seaweed.py
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """SeaweedFS with credentials enforced; tests use their own prefixes in its bucket."""
+    with running_seaweed(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SeaweedS3:
+    """Point boto3 (here and in subprocesses) at the test server through the environment only, as in
+    production; a developer's ~/.aws must not change what the tests see."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    return seaweed
+
+
+@pytest.fixture(scope="session")
+def services(seaweed: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedS3, MlflowServer]]:
+    """SeaweedFS and an MLflow server whose artifacts live in it."""
+    with running_mlflow(tmp_path_factory.mktemp("mlflow"), s3=seaweed) as mlflow:
+        yield seaweed, mlflow
+
+
+@pytest.fixture
+def env(services, s3_env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """This test's environment points at both services; returns what it set."""
+    s3, mlflow = services
+    values = {**s3.env(), **mlflow.env(), "FLOWGRPO_CACHE_DIR": str(tmp_path / "cache"),
+              "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values

@@ -1,0 +1,187 @@
+"""The eval report page: its structure, its escaping, no network, and what a real browser shows of it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from browser import screenshot  # tests/browser.py
+from PIL import Image
+
+from components.evaluate.report import PromptResult, render_report
+
+# One saturated colour per image, far from anything the page's CSS draws, so the screenshot can find each.
+COLOURS = [(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0),
+           (255, 0, 255), (0, 255, 255), (255, 128, 0), (128, 0, 255)]
+NASTY = "<script>alert('x')</script> & \"quotes\""
+
+
+def image(colour: tuple[int, int, int], seed: int) -> np.ndarray:
+    """32x32: a solid colour block over a noise stripe, so equality checks exercise lossless encoding."""
+    img = np.empty((32, 32, 3), np.uint8)
+    img[:] = colour
+    img[26:] = np.random.default_rng(seed).integers(0, 256, (6, 32, 3), dtype=np.uint8)
+    return img
+
+
+def prompts() -> list[PromptResult]:
+    imgs = [image(c, i) for i, c in enumerate(COLOURS)]
+    return [
+        PromptResult(prompt=f"a sign that says {NASTY}", seed=7, base_images=imgs[0:2], lora_images=imgs[2:4],
+                     base_scores={"ocr": [0.25, 0.75], "aesthetic": [5.0, 5.5]},
+                     lora_scores={"ocr": [0.5, 1.0], "aesthetic": [4.0, 4.5]}),
+        PromptResult(prompt="a red cat", seed=8, base_images=imgs[4:6], lora_images=imgs[6:8],
+                     base_scores={"ocr": [0.1, 0.2], "aesthetic": [5.0, 6.0]},
+                     lora_scores={"ocr": [0.3, math.nan], "aesthetic": [5.0, 6.0]}),
+    ]
+
+
+SUMMARY = {
+    "rewards": {
+        "ocr": {"base_mean": 0.41, "lora_mean": 0.57, "delta": 0.16, "ci_low": 0.08, "ci_high": 0.23,
+                "ci_level": 0.95, "n": 32},
+        "aesthetic": {"base_mean": 5.4, "lora_mean": 5.37, "delta": -0.03, "ci_low": -0.1, "ci_high": 0.04,
+                      "ci_level": 0.95, "n": 32},
+    },
+    "gate": {"promoted": True, "alias": "candidate", "reason": f"ocr improved by 0.16 >= 0.05 {NASTY}",
+             "model": "flowgrpo-ocr", "version": "3"},
+    "warnings": [f"reward hacking? training reward 'ocr' rose by 0.2 while eval 'ocr' fell {NASTY}"],
+    "config": {"model": "tiny", "eval steps": 10, "seeds": [7, 8]},
+}
+# Epoch 4 failed (all rewards NaN -> null in metrics.jsonl): no point for it.
+HISTORY = [{"epoch": e, "reward/mean": None if e == 4 else 0.1 + 0.05 * e, "reward/std": None if e == 4 else 0.02,
+            "reward/ocr/mean": None if e == 4 else 0.2 + 0.03 * e, "reward/aesthetic/mean": 5.0 - 0.01 * e}
+           for e in range(10)]
+
+
+class Page(HTMLParser):
+    """Collects the elements (tag + attributes) and the text of a page."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, {k: v or "" for k, v in attrs}))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    @property
+    def tags(self) -> list[str]:
+        return [tag for tag, _ in self.elements]
+
+    def values(self, tag: str, name: str) -> list[str]:
+        return [a[name] for t, a in self.elements if t == tag and name in a]
+
+    def polyline(self, series: str) -> list[tuple[float, ...]]:
+        [points] = [a["points"] for t, a in self.elements if t == "polyline" and a.get("data-series") == series]
+        return [tuple(map(float, p.split(","))) for p in points.split()]
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return render_report(SUMMARY, prompts(), HISTORY, title=f"eval {NASTY}")
+
+
+def decode_png(uri: str) -> np.ndarray:
+    prefix = "data:image/png;base64,"
+    assert uri.startswith(prefix)
+    raw = base64.b64decode(uri[len(prefix):], validate=True)
+    assert raw.startswith(b"\x89PNG\r\n\x1a\n")
+    return np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+
+
+def test_images_are_inlined_losslessly_in_order(page):
+    srcs = Page(page).values("img", "src")
+    sources = [img for p in prompts() for img in (*p.base_images, *p.lora_images)]
+    assert len(srcs) == len(sources) == 8
+    for src, expected in zip(srcs, sources, strict=True):
+        assert np.array_equal(decode_png(src), expected)
+
+
+def test_user_strings_are_escaped(page):
+    parsed = Page(page)
+    assert "script" not in parsed.tags  # the page has no script of its own, so any would be injected
+    assert "<script>" not in page.lower()
+    # <title>, <h1>, gate reason, warning, prompt heading.
+    assert page.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &quot;quotes&quot;") == 5
+    assert f"a sign that says {NASTY}" in "".join(parsed.text)  # shown to the reader as typed
+
+
+def test_no_network_resources(page):
+    for tag, attrs in Page(page).elements:
+        for name, value in attrs.items():
+            if name in {"src", "href", "srcset", "xlink:href", "action", "poster", "data"}:
+                assert value.startswith("data:"), (tag, name, value[:80])
+    assert "http://" not in page and "https://" not in page
+    assert not re.search(r"url\(|@import|<link|<iframe|<object|<embed", page, re.I)
+
+
+def test_history_curve_points(page):
+    parsed = Page(page)
+    mean = parsed.polyline("reward/mean")
+    assert len(mean) == sum(r["reward/mean"] is not None for r in HISTORY) == 9
+    assert [x for x, _ in mean] == sorted(x for x, _ in mean)  # epochs left to right
+    assert mean[-1][1] < mean[0][1]  # reward rose, and SVG y grows downwards
+    assert len(parsed.polyline("reward/ocr/mean")) == 9
+    assert len(parsed.polyline("reward/aesthetic/mean")) == 10
+    assert "std-band" in parsed.values("polygon", "class")
+    text = "".join(parsed.text)
+    assert "epoch 0" in text and "9" in text
+
+
+def test_verdict_table_and_captions(page):
+    text = "".join(Page(page).text)
+    assert "PROMOTED" in text and "NOT PROMOTED" not in text and "candidate" in text
+    assert "ocr improved by 0.16" in text and "reward hacking?" in text
+    assert '<span class="pos">+0.160</span>' in page and '<span class="neg">-0.030</span>' in page
+    assert "[0.080, 0.230]" in text and "95%" in text
+    # Prompt 1: ocr 0.5 -> 0.75 (+0.25), aesthetic 5.25 -> 4.25 (-1.0); prompt 2 NaN lora ocr -> "failed".
+    assert '<span class="pos">+0.250</span>' in page and '<span class="neg">-1.000</span>' in page
+    assert "ocr failed" in text
+    assert '<span class="pos">+0.150</span>' in page  # prompt 2's ocr delta uses the finite score only
+
+
+def test_not_promoted_empty_history_and_failed_scores():
+    summary = {**SUMMARY, "gate": {"promoted": False, "reason": "ocr improved by only 0.01 < 0.05"}, "warnings": []}
+    result = PromptResult(prompt="p", seed=1, base_images=[image(COLOURS[0], 0)], lora_images=[image(COLOURS[1], 1)],
+                          base_scores={"ocr": [math.nan]}, lora_scores={"ocr": [math.nan]})
+    page = render_report(summary, [result], [], title="t")
+    text = " ".join(Page(page).text)
+    assert "no training history" in text and "NOT PROMOTED" in text and "Warnings" not in text
+    assert text.count("failed") >= 3  # both captions and the per-prompt delta
+    assert "<polyline" not in page
+    # A history whose every epoch failed has nothing to draw either.
+    assert "no training history" in render_report(summary, [result], [{"epoch": 0, "reward/mean": None}], title="t")
+    assert "No promotion gate" in render_report({**summary, "gate": None}, [], [], title="t")
+
+
+def test_mismatched_scores_are_rejected():
+    bad = PromptResult(prompt="p", seed=1, base_images=[image(COLOURS[0], 0)], lora_images=[],
+                       base_scores={"ocr": [0.1, 0.2]}, lora_scores={})
+    with pytest.raises(ValueError, match="2 values for 1 images"):
+        render_report(SUMMARY, [bad], [], title="t")
+
+
+def test_browser_shows_the_images(page, tmp_path: Path):
+    html_path, png_path = tmp_path / "report.html", tmp_path / "shot.png"
+    html_path.write_text(page, encoding="utf-8")
+    width, height = 1400, 2600
+    screenshot(html_path, png_path, width, height)
+    shot = np.asarray(Image.open(png_path).convert("RGB")).astype(np.int16)
+    assert shot.shape == (height, width, 3)
+    assert (np.abs(shot - 255).sum(axis=2) > 60).mean() > 0.02  # not a blank white page
+    for colour in COLOURS:
+        near = (np.abs(shot - np.array(colour)).max(axis=2) <= 24).sum()
+        # Each 32x32 image has 26 solid rows; shown at >= 128 px wide that is >= 128 * 104 pixels. More
+        # than half of that proves the image both rendered and was upscaled (natively it has 832).
+        assert near > 128 * 104 // 2, (colour, int(near))

@@ -1,0 +1,132 @@
+"""Data-parallel training on a real local Ray (Ray Train TorchTrainer, gloo) against real S3 and MLflow.
+
+Worker groups take about a minute to start on 2 cores, so each test starts as few runs as it can.
+"""
+
+import json
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+import torch
+from mlflow import MlflowClient
+from safetensors.torch import load_file
+
+from components.errors import ConfigError
+from components.trainer import checkpoint as ckpt
+from components.trainer.loop import train
+from pipeline.config import load_config
+
+SMALL = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=4", "train.batch_size=4",
+         "sampling.num_steps=4", "tracking.system_metrics=false", "tracking.registered_model=null"]
+TIMING = ("time/sampling", "time/scoring", "time/training", "images_per_s")
+
+
+@pytest.fixture(autouse=True)
+def local_ray():
+    """``train`` starts a local Ray itself (inheriting this test's environment, S3 keys included, as a user's
+    shell would); stop it after each test."""
+    import ray
+
+    yield
+    ray.shutdown()
+
+
+def _rows(history):
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in history]
+
+
+def _lines():
+    lines: list[str] = []
+    return lines, lines.append
+
+
+def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(tmp_path):
+    config = load_config(None, [*SMALL, "train.epochs=2", "train.checkpoint_every=1"])
+    _, log = _lines()
+    single = train(config, tmp_path / "single", log=log)
+    one = train(config, tmp_path / "one", log=log, workers=1)
+    assert _rows(one.history) == _rows(single.history)
+    a, b = load_file(str(single.lora_dir / ckpt.LORA_FILE)), load_file(str(one.lora_dir / ckpt.LORA_FILE))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    two = train(config, tmp_path / "two", log=log, workers=2)
+    first, first2 = single.history[0], two.history[0]
+    # same model, same noise per sampling batch: the rewards of epoch 1 are the same up to float summation order
+    # (a worker on 1 of the 2 cores runs its matmuls on fewer threads); rewards are ~0.5, so 1e-6 is float noise
+    for key in ("reward/mean", "reward/std", "reward/brightness/mean"):
+        assert first2[key] == pytest.approx(first[key], rel=1e-5, abs=1e-6), key
+    assert [r["epoch"] for r in two.history] == [1, 2]
+    assert two.history[1]["optimizer_step"] == single.history[1]["optimizer_step"]
+
+
+def test_worker_counts_that_cannot_split_an_epoch_are_refused(tmp_path):
+    config = load_config(None, [*SMALL, "sampling.prompts_per_epoch=3", "sampling.batch_size=4",
+                                "train.batch_size=4", "sampling.group_size=4"])
+    with pytest.raises(ConfigError, match=r"2 workers: sampling.prompts_per_epoch \(3\) must be a multiple"):
+        train(config, tmp_path / "x", workers=2)
+    assert not (tmp_path / "x").exists()  # refused before anything is written
+
+
+def test_two_workers_learn_into_s3_and_mlflow(services, env):
+    s3, mlflow = services
+    experiment = f"ray-{uuid.uuid4().hex[:6]}"
+    uri = f"s3://{s3.bucket}/ray/{uuid.uuid4().hex[:8]}"
+    config = load_config(None, ["train.epochs=16", "train.checkpoint_every=8", f"tracking.experiment={experiment}",
+                                "tracking.sample_every=8"])
+    _, log = _lines()
+    result = train(config, uri, log=log, workers=2)
+    summary = result.learning_summary()
+    assert summary["learned"], summary
+    assert ckpt.latest_checkpoint(uri) == f"{uri}/checkpoints/epoch-000016"
+    assert ckpt.read_checkpoint(f"{uri}/checkpoints/epoch-000008").epoch == 8
+    client = MlflowClient(mlflow.url)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r["reward/mean"]))
+                                                    for r in result.history]
+    images = [f.path for f in client.list_artifacts(run.info.run_id, "images")]
+    assert any("samples+step+8+" in p for p in images)
+
+
+def _train_workers() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_killing_a_worker_resumes_from_the_last_checkpoint_and_finishes(tmp_path):
+    out = tmp_path / "run"
+    config = load_config(None, [*SMALL, "train.epochs=6", "train.checkpoint_every=2"])
+    first_manifest = out / "checkpoints" / "epoch-000002" / "_MANIFEST.json"
+    killed: dict[str, float] = {}
+
+    def kill_after_epoch_3() -> None:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                victims = _train_workers()
+                if victims:
+                    killed["mtime"] = first_manifest.stat().st_mtime_ns
+                    victims[-1].kill()
+                    killed["pid"] = victims[-1].pid
+                    return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=kill_after_epoch_3, daemon=True)
+    watcher.start()
+    _, log = _lines()
+    result = train(config, out, log=log, workers=2)
+    watcher.join(timeout=1)
+    assert "pid" in killed, "no Ray Train worker was found to kill"
+    assert not psutil.pid_exists(int(killed["pid"])) or psutil.Process(int(killed["pid"])).status() == "zombie"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5, 6] == [r["epoch"] for r in result.history]
+    # resumed, not restarted: the checkpoint of epoch 2 was never written again
+    assert first_manifest.stat().st_mtime_ns == killed["mtime"]
+    for epoch in (2, 4, 6):  # every checkpoint is complete and readable
+        assert ckpt.read_checkpoint(str(out / "checkpoints" / f"epoch-{epoch:06d}")).epoch == epoch
+    assert ckpt.latest_checkpoint(out) == str(out / "checkpoints" / "epoch-000006")
+    assert (result.lora_dir / ckpt.LORA_FILE).is_file()

@@ -1,0 +1,77 @@
+"""Evaluation statistics, the promotion gate and the reward-hacking check, against closed forms."""
+
+import math
+
+import numpy as np
+import pytest
+
+from components.evaluate.config import EvalConfig, GateConfig
+from components.evaluate.evaluate import gate_decision, hacking_warnings, paired_bootstrap, summarize
+from components.evaluate.report import PromptResult
+
+
+def test_bootstrap_of_a_constant_delta_is_that_delta():
+    base = np.array([0.1, 0.5, 0.9])
+    assert paired_bootstrap(base, base + 0.25, 500, 0.95, 0) == pytest.approx((0.25, 0.25))
+
+
+def test_bootstrap_of_two_values_follows_the_binomial():
+    # deltas {0, 1}: a resampled mean is 0, 1/2 or 1 with probabilities 1/4, 1/2, 1/4,
+    # so the 95% percentile interval is [0, 1] and the 50% one is [1/2, 1/2]
+    base, lora = np.zeros(2), np.array([0.0, 1.0])
+    assert paired_bootstrap(base, lora, 20000, 0.95, 1) == (0.0, 1.0)
+    assert paired_bootstrap(base, lora, 20000, 0.4, 1) == (0.5, 0.5)
+
+
+def test_bootstrap_interval_narrows_with_more_prompts_and_is_seeded():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(size=8), rng.normal(size=800)
+    lo_s, hi_s = paired_bootstrap(np.zeros(8), small, 2000, 0.95, 3)
+    lo_l, hi_l = paired_bootstrap(np.zeros(800), large, 2000, 0.95, 3)
+    assert hi_l - lo_l < (hi_s - lo_s) / 4  # width ~ 1/sqrt(n): 100x the prompts, about 1/10 the width
+    assert lo_l < large.mean() < hi_l
+    assert paired_bootstrap(np.zeros(8), small, 2000, 0.95, 3) == (lo_s, hi_s)
+
+
+def _prompt(base: dict, lora: dict) -> PromptResult:
+    return PromptResult("p", 0, [], [], base, lora)
+
+
+def test_summarize_pairs_prompts_and_drops_those_a_model_failed():
+    prompts = [_prompt({"r": [1.0, 3.0]}, {"r": [4.0, 4.0]}),
+               _prompt({"r": [0.0, 0.0]}, {"r": [1.0, math.nan]}),   # LoRA mean over its scored image: 1
+               _prompt({"r": [math.nan, math.nan]}, {"r": [9.0, 9.0]})]  # base failed: not comparable
+    row = summarize(prompts, ["r"], EvalConfig(bootstrap_samples=200))["r"]
+    assert row["n"] == 2
+    assert row["base_mean"] == pytest.approx((2.0 + 0.0) / 2)
+    assert row["lora_mean"] == pytest.approx((4.0 + 1.0) / 2)
+    assert row["delta"] == pytest.approx(((4 - 2) + (1 - 0)) / 2)
+    assert row["ci_low"] <= row["delta"] <= row["ci_high"]
+
+
+def _rewards(**deltas):
+    return {k: {"delta": d} for k, d in deltas.items()}
+
+
+def test_gate_promotes_refuses_and_says_why():
+    ok, why = gate_decision(_rewards(ocr=0.2, aesthetic=-0.01), GateConfig(min_improvement=0.1,
+                                                                             guards={"aesthetic": 0.05}))
+    assert ok and "ocr improved by +0.2" in why and "aesthetic" in why
+    ok, why = gate_decision(_rewards(ocr=0.2), GateConfig(min_improvement=0.3))
+    assert not ok and "ocr changed by +0.2 < required +0.3" in why
+    ok, why = gate_decision(_rewards(ocr=0.2, aesthetic=-0.1), GateConfig(guards={"aesthetic": 0.05}))
+    assert not ok and "guard aesthetic dropped by 0.1 > tolerance 0.05" in why
+    ok, why = gate_decision(_rewards(ocr=0.2), GateConfig(metric="pickscore"))
+    assert not ok and "'pickscore' is not an eval reward" in why
+    ok, why = gate_decision(_rewards(ocr=math.nan), GateConfig())
+    assert not ok and "no score" in why
+    assert gate_decision(_rewards(first=0.0, second=-5.0), GateConfig())[0]  # default: first reward, >= 0
+
+
+def test_reward_hacking_warning_when_training_rose_and_eval_fell():
+    history = [{"reward/ocr/mean": 0.1}, {"reward/ocr/mean": 0.3}, {"reward/ocr/mean": None},
+               {"reward/ocr/mean": 0.5}]
+    (warning,) = hacking_warnings(_rewards(ocr=-0.05), history)
+    assert "'ocr' rose by 0.2" in warning and "fell by 0.05" in warning  # mean of the last 3 (0.3) - first
+    assert hacking_warnings(_rewards(ocr=0.05), history) == []
+    assert hacking_warnings(_rewards(jpeg=-0.05), history) == []  # no training history for that reward

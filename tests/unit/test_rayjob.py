@@ -1,0 +1,233 @@
+"""The RayJob launcher's manifest: valid against the KubeRay v1.7.0 CRD, reproducible, free of secrets."""
+
+import copy
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.errors import ConfigError, LaunchError
+from components.trainer.rayjob import MAX_NAME, build_rayjob, default_run_id, rayjob_name, to_yaml
+from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: rayjob_schema
+import rayjob_schema
+
+TINY = CONFIG_DIR / "tiny-cpu.yaml"
+SD35 = CONFIG_DIR / "sd35-medium-ocr.yaml"
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+OUT = "s3://flowgrpo/runs/test"
+
+
+def _build(path=TINY, overrides=(), run_id="run-1", output=OUT, parent=None):
+    config = load_config(path, list(overrides))
+    return config, build_rayjob(config, run_id=run_id, output=output, parent_run_id=parent)
+
+
+def _worker(manifest):
+    (group,) = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return group
+
+
+def _containers(manifest):
+    spec = manifest["spec"]["rayClusterSpec"]
+    return [spec["headGroupSpec"]["template"]["spec"]["containers"][0],
+            _worker(manifest)["template"]["spec"]["containers"][0]]
+
+
+def test_schema_copy_is_the_kuberay_v170_rayjob_crd_and_matches_shared():
+    crd = rayjob_schema.crd()
+    assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["group"] == "ray.io"
+    assert crd["spec"]["names"]["kind"] == "RayJob"
+    assert "v1" in [v["name"] for v in crd["spec"]["versions"] if v["served"]]
+    # In a clone without ../shared only the checks above run; beside it, the copy must be the shared file.
+    if rayjob_schema.SHARED_SCHEMA_FILE.exists():
+        assert rayjob_schema.SCHEMA_FILE.read_bytes() == rayjob_schema.SHARED_SCHEMA_FILE.read_bytes()
+
+
+def test_the_validator_rejects_unknown_wrong_and_missing_fields():
+    _, manifest = _build()
+    assert rayjob_schema.errors(manifest) == []
+    bad = copy.deepcopy(manifest)
+    _worker(bad)["gpus"] = 1
+    assert any("gpus" in e for e in rayjob_schema.errors(bad))
+    bad = copy.deepcopy(manifest)
+    _worker(bad)["replicas"] = "four"
+    assert any("replicas" in e for e in rayjob_schema.errors(bad))
+    bad = copy.deepcopy(manifest)
+    del _worker(bad)["groupName"]
+    assert any("groupName" in e for e in rayjob_schema.errors(bad))
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides"),
+    [
+        (TINY, []),
+        (SD35, []),
+        (TINY, ["cluster.workers.replicas=4"]),
+        (SD35, ["cluster.workers.replicas=2", "cluster.workers.gpus_per_worker=8", "cluster.submission_mode=HTTPMode"]),
+        (TINY, ["cluster.submission_mode=SidecarMode", "cluster.active_deadline_seconds=null",
+                "cluster.s3_secret=null", "cluster.mlflow_secret=null", "cluster.ray_token_auth=false",
+                "cluster.backoff_limit=3", "cluster.shutdown_after_job_finishes=false",
+                "cluster.ttl_seconds_after_finished=0"]),
+        (TINY, ["cluster.image=registry.local:5000/team/flowgrpo@sha256:" + "a" * 64, "cluster.head.cpu=500m",
+                "cluster.workers.memory=1.5Gi", "cluster.namespace=ml-team",
+                "cluster.workers.node_selector={pool: cpu}",
+                "cluster.workers.tolerations=[{key: dedicated, operator: Equal, value: ml, effect: NoExecute}]"]),
+    ],
+)
+def test_every_rayjob_validates_against_the_kuberay_crd(path, overrides):
+    config, manifest = _build(path, overrides, parent="0123abcd")
+    assert rayjob_schema.errors(manifest) == []
+    cluster = config.cluster
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
+    assert manifest["metadata"]["namespace"] == cluster.namespace
+    group = _worker(manifest)
+    n = cluster.workers.replicas
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (n, n, n)
+    assert manifest["spec"]["entrypoint"].endswith(f"--ray-workers {n} --auto-resume")
+    head, worker = _containers(manifest)
+    assert head["image"] == worker["image"] == cluster.image
+    assert "nvidia.com/gpu" not in head["resources"]["limits"]
+    gpus = cluster.workers.gpus_per_worker
+    for kind in ("requests", "limits"):
+        assert worker["resources"][kind].get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+        assert worker["resources"][kind]["cpu"] == cluster.workers.cpu
+    pod = group["template"]["spec"]
+    assert pod.get("nodeSelector", {}) == cluster.workers.node_selector
+    assert len(pod.get("tolerations", [])) == len(cluster.workers.tolerations)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert worker["securityContext"]["allowPrivilegeEscalation"] is False
+    spec = manifest["spec"]
+    assert spec["submissionMode"] == cluster.submission_mode
+    assert spec.get("activeDeadlineSeconds") == cluster.active_deadline_seconds
+    assert spec["shutdownAfterJobFinishes"] is cluster.shutdown_after_job_finishes
+    assert ("authOptions" in spec["rayClusterSpec"]) is cluster.ray_token_auth
+
+
+def test_sd35_runs_on_eight_gpu_workers_in_a_gpu_pool():
+    _, manifest = _build(SD35)
+    pod = _worker(manifest)["template"]["spec"]
+    assert _worker(manifest)["replicas"] == 8
+    assert _containers(manifest)[1]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    head_pod = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert "nodeSelector" not in head_pod and "tolerations" not in head_pod  # the head stays on CPU nodes
+
+
+@pytest.mark.parametrize("path", [TINY, SD35])
+@pytest.mark.parametrize("parent", [None, "parent-run-42"])
+def test_entrypoint_and_runtime_env_carry_the_exact_config(path, parent):
+    config, manifest = _build(path, ["train.epochs=7"], output="s3://bucket/runs/a b", parent=parent)
+    argv = shlex.split(manifest["spec"]["entrypoint"])
+    assert argv == ["flowgrpo", "train", "--config", "env:FLOWGRPO_EXPERIMENT_CONFIG",
+                    "--output", "s3://bucket/runs/a b", "--ray-workers", str(config.cluster.workers.replicas),
+                    "--auto-resume"]
+    env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env.get("FLOWGRPO_MLFLOW_PARENT_RUN_ID") == parent
+    assert all(isinstance(v, str) for v in env.values())
+    # The trainer reads it as pipeline.config does: YAML mapping -> ExperimentConfig.
+    restored = ExperimentConfig.model_validate(yaml.safe_load(env["FLOWGRPO_EXPERIMENT_CONFIG"]))
+    assert restored == config and restored.train.epochs == 7
+
+
+def test_yaml_output_round_trips_without_anchors_or_folded_lines():
+    _, manifest = _build(SD35, parent="p")
+    text = to_yaml(manifest)
+    assert yaml.safe_load(text) == manifest
+    assert "&id" not in text and "*id" not in text
+    assert f"  entrypoint: {manifest['spec']['entrypoint']}\n" in text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["cluster.workers.replicas=0"], ["cluster.workers.replicas", "greater than or equal to 1"]),
+        (["cluster.workers.gpus_per_worker=1"], ["GPUs requested without a GPU node pool",
+                                                 "cluster.workers.node_selector"]),
+        (["cluster.image=ghcr.io/flowgrpo/flowgrpo-trainer:latest"], ["cluster.image", "'latest'"]),
+        (["cluster.image=ghcr.io/flowgrpo/flowgrpo-trainer"], ["cluster.image", "no tag"]),
+        (["cluster.image=localhost:5000/flowgrpo-trainer"], ["cluster.image", "no tag"]),
+        (["cluster.submission_mode=InteractiveMode"], ["cluster.submission_mode", "K8sJobMode"]),
+        (["cluster.workers.memory=lots"], ["cluster.workers.memory", "quantity"]),
+        (["cluster.namespace=Team_A"], ["cluster.namespace", "DNS-1123"]),
+        (["cluster.ray_version=2.40.0"], ["cluster.ray_token_auth", "2.52"]),
+        (["cluster.workers.tolerations=[{key: a, operator: Exists, value: b}]"], ["cluster.workers.tolerations.0"]),
+        (["cluster.workers.gpu=1"], ["cluster.workers.gpu", "unknown key"]),
+    ],
+)
+def test_invalid_cluster_configs_are_rejected_naming_the_key(overrides, needles):
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "kwargs", "needles"),
+    [
+        (["model.device=cuda"], {}, ["model.device", "cluster.workers.gpus_per_worker is 0"]),
+        ([], {"output": "runs/demo"}, ["--output", "s3://"]),
+        (["reward_server.url=http://user:hunter2@rewards:8600"], {}, ["reward_server.url", "credentials"]),
+        ([], {"parent": "http://u:p@mlflow/run"}, ["--mlflow-parent-run-id", "credentials"]),
+        ([], {"run_id": "__"}, ["run id", "letter or digit"]),
+    ],
+)
+def test_unlaunchable_runs_are_refused_before_submission(overrides, kwargs, needles):
+    with pytest.raises(LaunchError) as info:
+        _build(TINY, overrides, **kwargs)
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message
+    assert "hunter2" not in message
+
+
+def test_no_secret_value_enters_the_manifest(monkeypatch):
+    markers = {"AWS_SECRET_ACCESS_KEY": "MARKER-aws-secret-5f3a", "AWS_ACCESS_KEY_ID": "MARKER-aws-id-91c2",
+               "MLFLOW_TRACKING_PASSWORD": "MARKER-mlflow-pw-77e1", "MLFLOW_TRACKING_URI": "http://MARKER-uri"}
+    for key, value in markers.items():
+        monkeypatch.setenv(key, value)
+    for path in (TINY, SD35):
+        config, manifest = _build(path, parent="p")
+        text = to_yaml(manifest)
+        assert not [v for v in markers.values() if v in text]
+        for container in _containers(manifest):
+            env = {e["name"]: e for e in container["env"]}
+            for key in markers:
+                assert "value" not in env[key]
+                ref = env[key]["valueFrom"]["secretKeyRef"]
+                secret = config.cluster.s3_secret if key.startswith("AWS") else config.cluster.mlflow_secret
+                assert ref == {"name": secret, "key": key, "optional": True}
+    _, manifest = _build(TINY, ["cluster.s3_secret=null"])
+    assert not any(e["name"].startswith("AWS_") for c in _containers(manifest) for e in c["env"])
+
+
+@pytest.mark.parametrize("run_id", ["exp-1", "Exp_1", "tiny-cpu-b1c63770cf", "a" * 200, "über run #7 / 2026",
+                                    "9-starts-with-digit", "x-" * 40])
+def test_rayjob_name_is_deterministic_and_a_valid_kuberay_name(run_id):
+    name = rayjob_name(run_id)
+    assert name == rayjob_name(run_id)
+    assert len(name) <= MAX_NAME == 47 and DNS_1035.fullmatch(name)
+    _, manifest = _build(run_id=run_id)
+    assert manifest["metadata"]["name"] == name
+    assert manifest["metadata"]["annotations"]["flowgrpo.io/run-id"] == run_id
+
+
+def test_rayjob_names_stay_readable_and_distinct():
+    assert rayjob_name("exp-1") == "flowgrpo-exp-1"
+    ids = ["exp-1", "Exp-1", "exp_1", "exp 1", "a" * 60, "a" * 61]
+    assert len({rayjob_name(i) for i in ids}) == len(ids)
+
+
+def test_default_run_id_follows_the_config_content():
+    a, b = load_config(TINY), load_config(TINY, ["train.epochs=3"])
+    assert default_run_id(a, "tiny-cpu") == default_run_id(load_config(TINY), "tiny-cpu")
+    assert default_run_id(a, "tiny-cpu") != default_run_id(b, "tiny-cpu")
+    assert default_run_id(a, "tiny-cpu").startswith("tiny-cpu-")
