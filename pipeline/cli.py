@@ -82,6 +82,9 @@ def _training_history(lora: str, metrics: str | None) -> list[dict]:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
+    name, _, version = (args.registered_model or "").rpartition("/")
+    if args.registered_model and not (name and version):
+        raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
     _quiet_libraries()
     from components.evaluate.evaluate import evaluate
     from components.tracking.registry import apply_gate
@@ -107,9 +110,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             print(f"warning: {warning}")
         print(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
         if args.registered_model:
-            name, _, version = args.registered_model.rpartition("/")
-            if not name or not version:
-                raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
             apply_gate(name, version, gate["promoted"], gate["reason"], gate["alias"], log=_log)
         print(f"eval: {result.eval_path}  report: {result.report_path}")
         status = "FINISHED"

@@ -134,3 +134,24 @@ def test_reward_server_config_errors_name_file_and_line(tmp_path):
     assert re.search(rf"{re.escape(str(bad))}:\d+:\d+: YAML syntax error",
                      _error_line(flowgrpo("reward-server", "--config", str(bad))))
     assert "does not exist" in _error_line(flowgrpo("reward-server", "--config", str(tmp_path / "nope.yaml")))
+
+
+def test_evaluate_command_writes_eval_json_and_report_and_checks_its_arguments(tmp_path):
+    run = tmp_path / "run"
+    proc = flowgrpo("train", "--output", str(run), "train.epochs=2", "sampling.prompts_per_epoch=2",
+                    "sampling.num_steps=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ["--lora", str(run / "lora"), "eval.max_prompts=2", "eval.images_per_prompt=1", "sampling.eval_num_steps=4",
+            "sampling.prompts_per_epoch=2", "sampling.num_steps=4"]
+    proc = flowgrpo("evaluate", "--output", str(tmp_path / "eval"), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    row = summary["rewards"]["brightness"]
+    assert row["n"] == 2 and row["delta"] == pytest.approx(row["lora_mean"] - row["base_mean"])
+    assert f"brightness: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g}" in proc.stdout
+    assert ("gate: PROMOTE" if summary["gate"]["promoted"] else "gate: REFUSE") in proc.stdout
+    assert (tmp_path / "eval" / "report.html").read_text().count("data:image/png;base64,") == 2 * 2
+    # the training history beside the LoRA feeds the report's curve
+    assert "no training history" not in (tmp_path / "eval" / "report.html").read_text()
+    line = _error_line(flowgrpo("evaluate", "--output", str(tmp_path / "eval2"), *args, "--registered-model", "x"))
+    assert "--registered-model must be NAME/VERSION" in line
