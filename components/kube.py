@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from components.console import status_line
 from components.errors import LaunchError
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
@@ -72,10 +72,6 @@ class RayJobFailed(LaunchError):
 
 class RayJobCancelled(LaunchError):
     """Following stopped on request; the RayJob was deleted or suspended."""
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def client_for(host: str | None = None) -> client.CustomObjectsApi:
@@ -259,7 +255,7 @@ def _follow(api: client.CustomObjectsApi, namespace: str, name: str, *, timeout_
 
 
 def submit_rayjob(manifest: dict[str, Any], *, timeout_s: float | None = None, poll_s: float = 10.0,
-                  heartbeat_s: float = 60.0, log: Callable[[str], None] = _stderr,
+                  heartbeat_s: float = 60.0, log: Callable[[str], None] = status_line,
                   api: client.CustomObjectsApi | None = None, stop: threading.Event | None = None,
                   cancel_mode: CancelMode = "delete") -> RayJobResult:
     """Create (or reuse, see the module doc) the RayJob and follow it to its end.

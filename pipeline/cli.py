@@ -10,6 +10,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from components.console import status_line
 from components.errors import ConfigError, FlowGRPOError
 from pipeline.config import DEFAULT_CONFIG, load_config
 
@@ -43,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from components.trainer.loop import train
 
     output = args.output or _default_output(args.config)
-    print(f"training {args.config} -> {output}", file=sys.stderr, flush=True)
+    status_line(f"training {args.config} -> {output}")
     if args.ray_workers < 0:
         raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
     result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
@@ -59,10 +60,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.mlflow_run_url:
         print(f"MLflow run: {result.mlflow_run_url}")
     return 0
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _training_history(lora: str, metrics: str | None) -> list[dict]:
@@ -92,11 +89,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     history = _training_history(args.lora, args.metrics)
     tracker = open_tracker(config.tracking.experiment, "evaluate", parent_run_id=args.mlflow_parent_run_id,
-                           system_metrics=False, log=_log)
+                           system_metrics=False, log=status_line)
     status = "FAILED"
     try:
         result = evaluate(config, config.evaluation_rewards(), config.eval, args.lora, Path(args.output),
-                          history=history, log=_log)
+                          history=history, log=status_line)
         for key, row in result.summary["rewards"].items():
             tracker.log_metrics({f"eval/{key}/{k}": v for k, v in row.items()}, step=0)
             print(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
@@ -110,7 +107,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             print(f"warning: {warning}")
         print(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
         if args.registered_model:
-            apply_gate(name, version, gate["promoted"], gate["reason"], gate["alias"], log=_log)
+            apply_gate(name, version, gate["promoted"], gate["reason"], gate["alias"], log=status_line)
         print(f"eval: {result.eval_path}  report: {result.report_path}")
         status = "FINISHED"
     finally:
@@ -149,7 +146,7 @@ def cmd_reward_server(args: argparse.Namespace) -> int:
     from components.reward_server.app import create_app
 
     keys = ", ".join(s.key for s in settings.rewards)
-    print(f"reward server on http://{args.host}:{args.port} serving {keys}", file=sys.stderr, flush=True)
+    status_line(f"reward server on http://{args.host}:{args.port} serving {keys}")
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -160,7 +157,7 @@ def cmd_prepare_dataset(args: argparse.Namespace) -> int:
     source = f"{BUILTIN_PREFIX}{args.builtin}" if args.builtin else args.input
     result = prepare_dataset(source, args.output, kind=args.kind, test_fraction=args.test_fraction, seed=args.seed,
                              max_prompt_tokens=args.max_prompt_tokens,
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+                             progress=status_line)
     rows = result.manifest["rows"]
     print(f"{source}: kept {rows['kept']} of {rows['input']} rows ({rows['train']} train, {rows['test']} test)")
     print(f"rejected {rows['rejected']}: {result.rejections.summary()}")

@@ -10,7 +10,7 @@ from components.dataset.config import DataConfig
 from components.dataset.prepared import MANIFEST_NAME, PromptRow, read_manifest, read_split
 from components.errors import DataError
 
-__all__ = ["PromptRow", "dataset_hash", "load_prompt_rows", "load_prompts"]
+__all__ = ["PromptRow", "dataset_hash", "is_prepared", "load_prompt_rows", "load_prompts"]
 
 _FILE_SUFFIXES = (".txt", ".jsonl")
 
@@ -34,7 +34,8 @@ def _parse_file(text: str, path: str, jsonl: bool) -> list[PromptRow]:
     return rows
 
 
-def _is_prepared(path: str) -> bool:
+def is_prepared(path: str) -> bool:
+    """Whether ``path`` is a folder written by `prepare-dataset` (it holds a manifest)."""
     return PurePosixPath(path).suffix not in _FILE_SUFFIXES and storage.exists(storage.join(path, MANIFEST_NAME))
 
 
@@ -43,7 +44,7 @@ def load_prompt_rows(config: DataConfig) -> list[PromptRow]:
     if config.prompts is not None:
         return [PromptRow(p) for p in config.prompts]
     path = config.path
-    if _is_prepared(path):
+    if is_prepared(path):
         rows, _ = read_split(path, config.split)
         if not rows:
             raise DataError(f"data.path: {path} has no {config.split} rows; prepare it with more rows or "
@@ -75,6 +76,6 @@ def load_prompts(config: DataConfig) -> list[str]:
 def dataset_hash(config: DataConfig) -> str | None:
     """The manifest's ``content_sha256`` when ``data.path`` is a prepared dataset, else None (hash the prompts
     instead). It covers both splits and which row is in which, so it names exactly the data a run saw."""
-    if config.path is None or not _is_prepared(config.path):
+    if config.path is None or not is_prepared(config.path):
         return None
     return str(read_manifest(config.path)["content_sha256"])

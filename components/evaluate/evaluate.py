@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,21 +20,18 @@ from pathlib import Path
 import numpy as np
 
 from components import storage
-from components.dataset.prepared import MANIFEST_NAME
-from components.dataset.prompts import PromptRow, load_prompt_rows
+from components.console import status_line
+from components.dataset.prompts import PromptRow, is_prepared, load_prompt_rows
 from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.report import PromptResult, render_report
 from components.rewards.config import RewardSpec
 from components.rewards.scoring import RewardSet
 from components.trainer.config import TrainingJobConfig
 from components.trainer.generate import generate, load_with_lora
+from components.trainer.metrics import finite_or_none
 
 EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -50,7 +46,7 @@ def eval_rows(config: TrainingJobConfig, limit: int | None) -> tuple[list[Prompt
     """The held-out ``test`` split of a prepared dataset, else the training prompts; and whether they are
     held out."""
     data = config.data
-    held_out = data.path is not None and storage.exists(storage.join(data.path, MANIFEST_NAME))
+    held_out = data.path is not None and is_prepared(data.path)
     rows = load_prompt_rows(data.model_copy(update={"split": "test"}) if held_out else data)
     return rows[:limit] if limit else rows, held_out
 
@@ -72,15 +68,18 @@ def paired_bootstrap(base: np.ndarray, lora: np.ndarray, samples: int, level: fl
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
 
+def _prompt_means(scores: list[list[float]]) -> np.ndarray:
+    """Each prompt's mean over the images a reward scored; NaN for a prompt it failed on everywhere."""
+    return np.array([np.nanmean(s) if np.isfinite(s).any() else np.nan for s in scores])
+
+
 def summarize(prompts: list[PromptResult], keys: list[str], cfg: EvalConfig) -> dict[str, dict]:
     """Per reward: base and LoRA means over prompts (each prompt the mean of its images), the mean delta,
     its paired bootstrap CI, and n = prompts where both models scored."""
     out = {}
     for key in keys:
-        base = np.array([np.nanmean(p.base_scores[key]) if np.isfinite(p.base_scores[key]).any() else np.nan
-                         for p in prompts])
-        lora = np.array([np.nanmean(p.lora_scores[key]) if np.isfinite(p.lora_scores[key]).any() else np.nan
-                         for p in prompts])
+        base = _prompt_means([p.base_scores[key] for p in prompts])
+        lora = _prompt_means([p.lora_scores[key] for p in prompts])
         ok = np.isfinite(base) & np.isfinite(lora)
         n = int(ok.sum())
         row = {"base_mean": math.nan, "lora_mean": math.nan, "delta": math.nan, "ci_low": math.nan,
@@ -161,7 +160,7 @@ def sample_and_score(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: 
 
 
 def evaluate(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: EvalConfig, lora: str, output: Path, *,
-             history: list[dict] | None = None, log: Callable[[str], None] = _stderr) -> EvalResult:
+             history: list[dict] | None = None, log: Callable[[str], None] = status_line) -> EvalResult:
     """Evaluate the LoRA at ``lora`` (a diffusers-format directory or ``s3://`` prefix) against the base model,
     write ``output/eval.json`` and ``output/report.html``. ``history`` (training metrics rows) feeds the
     report's curve and the reward-hacking check. The gate's verdict is in the summary; applying it to the
@@ -190,17 +189,6 @@ def evaluate(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: EvalConf
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     eval_path, report_path = output / EVAL_FILE, output / REPORT_FILE
-    eval_path.write_text(json.dumps(_finite_or_none(summary), indent=1))
+    eval_path.write_text(json.dumps(finite_or_none(summary), indent=1, allow_nan=False))
     report_path.write_text(render_report(summary, prompts, history, title=f"FlowGRPO evaluation: {lora}"))
     return EvalResult(summary, prompts, eval_path, report_path)
-
-
-def _finite_or_none(value):
-    """eval.json is strict JSON: NaN (a reward that failed everywhere) becomes null."""
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_none(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from components.console import status_line
 from components.dataset.prompts import PromptRow, dataset_hash, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
 from components.rewards.base import RewardOutput
@@ -72,10 +72,6 @@ class TrainResult:
         threshold = first["reward/mean"] + first["reward/std"] / 2
         return {"first_mean": first["reward/mean"], "first_std": first["reward/std"],
                 "last3_mean": last3, "threshold": threshold, "learned": last3 > threshold}
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -216,7 +212,7 @@ class Trainer:
     """Owns the model, optimizer and EMA for one run; writes everything to ``output``, logs to ``tracker``."""
 
     def __init__(self, config: TrainingJobConfig, output: RunOutput | str | Path,
-                 log: Callable[[str], None] = _stderr, tracker: NullTracker | None = None,
+                 log: Callable[[str], None] = status_line, tracker: NullTracker | None = None,
                  collective: Collective | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.collective = collective or Collective()
@@ -374,24 +370,27 @@ class Trainer:
         return TrainResult(self.output, self.metrics.read() if main else [], lora_dir, self.tracker.url)
 
 
-
-def run_worker(config: TrainingJobConfig, out: RunOutput, *, log: Callable[[str], None] = _stderr,
-               tracker: NullTracker | None = None, collective: Collective | None = None) -> TrainResult:
+def run_worker(config: TrainingJobConfig, out: RunOutput, *, log: Callable[[str], None] = status_line,
+               tracker: NullTracker | None = None, collective: Collective | None = None,
+               start: tuple[str, ckpt.TrainerState] | None = None) -> TrainResult:
     """One trainer process (or one of N data-parallel workers) from the newest checkpoint under ``out``, or
-    from scratch when there is none; the same call serves a first start and a restart after a failure."""
+    from scratch when there is none; the same call serves a first start and a restart after a failure.
+    ``start`` is that checkpoint's (URI, state) when the caller has read it already."""
     trainer = Trainer(config, out, log=log, tracker=tracker, collective=collective)
-    latest = ckpt.latest_checkpoint(out.uri)
-    if latest is not None:
-        trainer.resume(latest, ckpt.read_checkpoint(latest))
+    if start is None:
+        latest = ckpt.latest_checkpoint(out.uri)
+        start = (latest, ckpt.read_checkpoint(latest)) if latest is not None else None
+    if start is not None:
+        trainer.resume(*start)
     elif trainer.collective.is_main:
         trainer.metrics.path.unlink(missing_ok=True)
     return trainer.fit()
 
 
 def _open_output(config: TrainingJobConfig, output: str | Path,
-                 resume: bool | str) -> tuple[RunOutput, str | None, bool]:
-    """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output,
-    the MLflow run to continue and whether this continues a run."""
+                 resume: bool | str) -> tuple[RunOutput, tuple[str, ckpt.TrainerState] | None]:
+    """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output
+    and, when this continues a run, the (URI, state) of the checkpoint it continues from."""
     out = RunOutput(output)
     latest = ckpt.latest_checkpoint(out.uri)
     if resume == "auto":
@@ -402,11 +401,11 @@ def _open_output(config: TrainingJobConfig, output: str | Path,
         raise CheckpointError(
             f"{out.uri} already holds checkpoints; pass --resume to continue that run or choose another --output"
         )
-    run_id = ckpt.read_checkpoint(latest).mlflow_run_id if latest else None
+    start = (latest, ckpt.read_checkpoint(latest)) if resume else None
     out.prepare(fresh=not resume)
     (out.local / CONFIG_FILE).write_text(_dump_yaml(config))
     out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
-    return out, run_id, bool(resume)
+    return out, start
 
 
 def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, lineage: dict[str, str]) -> None:
@@ -419,23 +418,24 @@ def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, l
 
 
 def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str = False,
-          log: Callable[[str], None] = _stderr, parent_run_id: str | None = None, workers: int = 0) -> TrainResult:
+          log: Callable[[str], None] = status_line, parent_run_id: str | None = None, workers: int = 0) -> TrainResult:
     """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix). With ``resume``
     continue from the newest complete checkpoint there; ``"auto"`` continues if there is one (a retried job).
     ``workers`` > 0 trains on that many Ray Train workers instead of in this process. Tracks to MLflow when
     MLFLOW_TRACKING_URI is set."""
     if workers:
         check_world_size(config, workers)
-    out, run_id, resume = _open_output(config, output, resume)
+    out, start = _open_output(config, output, resume)
     t = config.tracking
-    tracker = open_tracker(t.experiment, PurePosixPath(out.uri.rstrip("/")).name or "train", run_id=run_id,
+    tracker = open_tracker(t.experiment, PurePosixPath(out.uri.rstrip("/")).name or "train",
+                           run_id=start[1].mlflow_run_id if start else None,
                            parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
         dumped = config.model_dump(mode="json")
         lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
         tracker.set_tags(lineage)
-        if not resume:
+        if start is None:
             tracker.log_params(flatten_params(dumped))
         if workers:
             from components.trainer.ray_train import run_on_ray
@@ -443,7 +443,7 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
             run_on_ray(config, out, workers, tracker, log)
             result = _collect(out, tracker)
         else:
-            result = run_worker(config, out, log=log, tracker=tracker)
+            result = run_worker(config, out, log=log, tracker=tracker, start=start)
         _register(tracker, config, out, lineage)
         status = "FINISHED"
         return result

@@ -5,6 +5,19 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float (the mean of a reward that failed everywhere) replaced by None,
+    through nested dicts and lists, so it serialises as strict JSON."""
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 class MetricsFile:
@@ -27,9 +40,8 @@ class MetricsFile:
     def append(self, row: dict) -> None:
         """Non-finite values (e.g. the mean of an epoch whose rewards all failed) are written as null,
         so every line is strict JSON."""
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with self.path.open("a") as f:
-            f.write(json.dumps(clean, allow_nan=False) + "\n")
+            f.write(json.dumps(finite_or_none(row), allow_nan=False) + "\n")
             f.flush()
 
 

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from components.console import status_line
 from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer.config import TrainingJobConfig
 from components.trainer.run_output import RunOutput
@@ -28,12 +29,6 @@ _FORWARDED_ENV = ("HF_HUB_OFFLINE", "FLOWGRPO_CACHE_DIR", "MLFLOW_HTTP_REQUEST_M
                   "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S")
 
 
-def _stderr(message: str) -> None:
-    import sys
-
-    print(message, file=sys.stderr, flush=True)
-
-
 def _worker_loop(args: dict[str, Any]) -> None:
     from components.trainer.collective import TorchCollective
     from components.trainer.loop import run_worker
@@ -43,9 +38,9 @@ def _worker_loop(args: dict[str, Any]) -> None:
     tracker: NullTracker = NullTracker()
     if collective.is_main and args["run_id"]:
         tracker = open_tracker(config.tracking.experiment, "train", run_id=args["run_id"],
-                               system_metrics=config.tracking.system_metrics, owns_run=False, log=_stderr)
+                               system_metrics=config.tracking.system_metrics, owns_run=False, log=status_line)
     try:
-        run_worker(config, RunOutput(args["output"]), log=_stderr, tracker=tracker, collective=collective)
+        run_worker(config, RunOutput(args["output"]), log=status_line, tracker=tracker, collective=collective)
     finally:
         tracker.close()
 
@@ -55,7 +50,7 @@ def _uses_gpu(config: TrainingJobConfig, cluster_gpus: float) -> bool:
 
 
 def run_on_ray(config: TrainingJobConfig, out: RunOutput, workers: int, tracker: NullTracker,
-               log: Callable[[str], None] = _stderr) -> None:
+               log: Callable[[str], None] = status_line) -> None:
     """Train with ``workers`` Ray Train workers into ``out``; joins the Ray cluster at $RAY_ADDRESS (as in a
     RayJob) or starts a local one. Raises when the workers fail more than $FLOWGRPO_RAY_MAX_FAILURES times."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
