@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seaweed import SeaweedS3, _stop, free_ports  # tests/seaweed.py
+from seaweed import SeaweedS3, _stop, free_ports, venv_binary  # tests/seaweed.py
 
 
 @dataclass(frozen=True)
@@ -32,17 +30,6 @@ class MlflowServer:
     def env(self) -> dict[str, str]:
         """The environment a client (or the pipeline) needs to log to this server."""
         return {"MLFLOW_TRACKING_URI": self.url}
-
-
-def mlflow_binary() -> str:
-    """The ``mlflow`` executable beside this interpreter (the venv's) or from PATH."""
-    beside = Path(sys.executable).parent / "mlflow"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mlflow")
-    if not found:
-        raise RuntimeError("`mlflow` not found: pip install mlflow")
-    return found
 
 
 def _healthy(url: str) -> bool:
@@ -65,7 +52,7 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_ports(1)[0]
     server = MlflowServer(url=f"http://127.0.0.1:{port}", port=port)
-    args = [mlflow_binary(), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
+    args = [venv_binary("mlflow", "mlflow"), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     # The job runner and telemetry would otherwise add ~15 processes (2.4 GB) that SIGTERM leaves behind.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}

