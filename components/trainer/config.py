@@ -32,12 +32,24 @@ class LoRAConfig(Section):
     )
 
 
+# How each family guides sampling (docs/MODELS.md): `cfg` batches a negative-prompt pass with the prompt;
+# `true_cfg` runs it separately and rescales to the conditional norm (Qwen-Image); `embedded` feeds the scale
+# to a guidance-distilled transformer (FLUX.1-dev); `none` has neither (FLUX.1-schnell). The adapter of a
+# `diffusers` kind reports its mode once loaded, and the same check runs then.
+GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
+TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg"}
+
+
 class ModelConfig(Section):
-    kind: Literal["tiny-sd3", "diffusers"] = Field(
+    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "diffusers"] = Field(
         default="tiny-sd3",
-        description="`tiny-sd3`: random SD3-shaped pipeline built from config; `diffusers`: load `path`",
+        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage`: random pipeline of that family built from "
+                    "config; `diffusers`: load `path` (SD3, FLUX.1 or Qwen-Image, from its model_index.json)",
     )
-    path: str | None = Field(default=None, description="local diffusers pipeline directory (kind=diffusers)")
+    path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
+    negative_prompt: str = Field(
+        default="", description="negative prompt of CFG / true CFG; only read when sampling.guidance_scale > 1",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="model weights dtype")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto`: cuda when available")
     resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
@@ -47,7 +59,7 @@ class ModelConfig(Section):
     def _path_matches_kind(self) -> ModelConfig:
         if self.kind == "diffusers" and not self.path:
             raise ValueError("model.path is required when model.kind is 'diffusers'")
-        if self.kind == "tiny-sd3" and self.path:
+        if self.kind != "diffusers" and self.path:
             raise ValueError("model.path is only read when model.kind is 'diffusers'; remove it or change the kind")
         if self.resolution % 16:
             raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
@@ -62,7 +74,10 @@ class SDEWindowConfig(Section):
 class SamplingConfig(Section):
     num_steps: int = Field(default=10, ge=2, le=1000, description="sampling steps during training rollouts")
     eval_num_steps: int = Field(default=20, ge=1, le=1000, description="ODE steps for evaluation sampling")
-    guidance_scale: float = Field(default=1.0, ge=1.0, description="classifier-free guidance; 1 disables CFG")
+    guidance_scale: float = Field(
+        default=1.0, ge=1.0,
+        description="CFG scale (SD3), true-CFG scale (Qwen-Image) or embedded guidance (FLUX.1-dev); 1 disables CFG",
+    )
     noise_level: float = Field(default=0.7, gt=0, le=10, description="SDE noise level a")
     sde_type: Literal["sde", "cps"] = Field(default="sde", description="FLOWGRPO.md section 1 or 2")
     group_size: int = Field(default=8, ge=1, description="images per prompt (K)")
@@ -163,7 +178,30 @@ class TrainingJobConfig(Section):
             )
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
+        if self.model.kind in TINY_GUIDANCE:
+            check_guidance(self, TINY_GUIDANCE[self.model.kind], self.model.kind)
         check_unique_keys(self.rewards, "rewards")
         if self.reward_aggregation == "gdpo" and len(self.rewards) < 2:
             raise ValueError("reward_aggregation 'gdpo' needs at least two rewards; use 'sum' for one")
         return self
+
+
+def check_guidance(config: TrainingJobConfig, mode: GuidanceMode, family: str) -> None:
+    """Reject guidance settings that mean nothing for a model guided by ``mode``; messages name the key."""
+    s, t, negative = config.sampling, config.train, config.model.negative_prompt
+    if mode in ("embedded", "none"):
+        if t.train_cfg:
+            raise ValueError(
+                f"train.train_cfg must be false for {family}: it has no classifier-free guidance to repeat "
+                + ("(guidance-distilled: sampling.guidance_scale is embedded in every forward, training's too)"
+                   if mode == "embedded" else "(no CFG and no guidance embedding)")
+            )
+        if negative:
+            raise ValueError(f"model.negative_prompt must be empty for {family}: without CFG it is never used")
+        if mode == "none" and s.guidance_scale != 1.0:
+            raise ValueError(
+                f"sampling.guidance_scale must be 1 for {family}: it has neither CFG nor a guidance embedding"
+            )
+    elif negative and s.guidance_scale == 1.0:
+        raise ValueError("model.negative_prompt is set but sampling.guidance_scale is 1, so it is never used; "
+                         "raise the scale above 1 or remove the negative prompt")

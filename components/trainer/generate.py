@@ -29,6 +29,5 @@ def generate(model: FlowMatchingModel, prompts: list[str], *, resolution: int, n
     generator = torch.Generator(model.device).manual_seed(seed)
     with torch.no_grad():
         out = model.pipeline(prompt=prompts, height=resolution, width=resolution, num_inference_steps=num_steps,
-                             guidance_scale=guidance_scale, generator=generator, output_type="np",
-                             **model.pipeline_call_kwargs())
+                             generator=generator, output_type="np", **model.pipeline_call_kwargs(guidance_scale))
     return (np.clip(out.images, 0, 1) * 255).round().astype(np.uint8)

@@ -126,6 +126,7 @@ def test_diffusers_kind_loads_a_saved_pipeline_offline(tmp_path):
 def test_diffusers_kind_rejects_other_pipelines(tmp_path):
     from components.errors import ModelLoadError
 
-    (tmp_path / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
-    with pytest.raises(ModelLoadError, match="holds a FluxPipeline; supported pipelines: StableDiffusion3Pipeline"):
+    (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusionXLPipeline"}')
+    with pytest.raises(ModelLoadError, match="holds a StableDiffusionXLPipeline; supported pipelines: "
+                                             "StableDiffusion3Pipeline, FluxPipeline, QwenImagePipeline"):
         load_model(ModelConfig(kind="diffusers", path=str(tmp_path)), 0)

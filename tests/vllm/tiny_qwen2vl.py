@@ -17,7 +17,6 @@ Run as a script with the python of the vLLM venv (so the files match the transfo
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -30,11 +29,6 @@ SPIKE = 1.0  # vs. N(0, 0.02) initial weights: one channel carries nearly all of
 # so "Yes" leads " no" by about 11.3 * 0.2 = 2.3 nats, and both lead every other token by about 10.
 LEAD, NO_MARGIN = 1.0, 0.2
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
-    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>",
-]
 # Qwen2-VL's chat template.
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
@@ -60,23 +54,20 @@ CORPUS = [
 ]
 
 
-def build_tokenizer():
-    """A byte-level BPE trained on ``CORPUS`` with the Qwen special tokens, as a ``Qwen2Tokenizer``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
+def _tiny_tokenizers():
+    """The project's tokenizer builders, loaded by file path: the vLLM venv has no flowgrpo package."""
+    import importlib.util
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    bpe.train_from_iterator(CORPUS * 20, trainer=trainer)
-    vocab = bpe.get_vocab()
-    trained = json.loads(bpe.to_str())["model"]["merges"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained]
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>",
-                               pad_token="<|endoftext|>", model_max_length=1024)
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    path = Path(__file__).resolve().parents[2] / "components" / "trainer" / "models" / "tiny_tokenizers.py"
+    spec = importlib.util.spec_from_file_location("tiny_tokenizers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_tokenizer():
+    """A byte-level BPE trained on ``CORPUS`` with the Qwen special tokens and the Qwen2-VL chat template."""
+    tokenizer = _tiny_tokenizers().qwen_tokenizer(tuple(CORPUS), vocab_size=400)
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
@@ -102,7 +93,7 @@ def build(out: Path) -> Path:
 
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _tiny_tokenizers().QWEN_SPECIAL_TOKENS}
     config = Qwen2VLConfig(
         text_config={
             "vocab_size": len(tokenizer), "hidden_size": HIDDEN, "intermediate_size": 256, "num_hidden_layers": 2,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -15,7 +16,6 @@ from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
 __all__ = ["FlowMatchingModel", "PromptEmbeddings", "load_model", "resolve_device"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SD3_MAX_SEQUENCE_LENGTH = 256  # the SD3 pipeline's default T5 length
 
 
 def resolve_device(name: str) -> torch.device:
@@ -24,6 +24,23 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("model.device is 'cuda' but no CUDA device is visible; use 'cpu' or 'auto'")
     return torch.device(name)
+
+
+# model_index.json class -> the adapter's module and class
+PIPELINES = {
+    "StableDiffusion3Pipeline": ("components.trainer.models.sd3", "SD3Model"),
+    "FluxPipeline": ("components.trainer.models.flux", "FluxModel"),
+    "QwenImagePipeline": ("components.trainer.models.qwenimage", "QwenImageModel"),
+}
+TINY = {
+    "tiny-sd3": ("components.trainer.models.tiny_sd3", "build_tiny_sd3"),
+    "tiny-flux": ("components.trainer.models.tiny_flux", "build_tiny_flux"),
+    "tiny-qwenimage": ("components.trainer.models.tiny_qwenimage", "build_tiny_qwenimage"),
+}
+
+
+def _attr(spec: tuple[str, str]):
+    return getattr(importlib.import_module(spec[0]), spec[1])
 
 
 def _load_diffusers(path: str, dtype: torch.dtype):
@@ -39,29 +56,25 @@ def _load_diffusers(path: str, dtype: torch.dtype):
         class_name = json.loads(index.read_text())["_class_name"]
     except (ValueError, KeyError) as exc:
         raise ModelLoadError(f"model.path: {index} is not a valid model_index.json ({exc})") from exc
-    if class_name != "StableDiffusion3Pipeline":
+    if class_name not in PIPELINES:
         raise ModelLoadError(
-            f"model.path: {path} holds a {class_name}; supported pipelines: StableDiffusion3Pipeline"
+            f"model.path: {path} holds a {class_name}; supported pipelines: {', '.join(PIPELINES)}"
         )
-    from diffusers import StableDiffusion3Pipeline
+    import diffusers
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        return StableDiffusion3Pipeline.from_pretrained(str(root), dtype=dtype, local_files_only=True)
+        return getattr(diffusers, class_name).from_pretrained(str(root), dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
 
 
 def load_model(config: ModelConfig, seed: int) -> FlowMatchingModel:
     """The adapter for ``config.kind``, on its device, every module in eval mode and frozen."""
-    from components.trainer.models.sd3 import SD3Model
-
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
-    if config.kind == "tiny-sd3":
-        from components.trainer.models.tiny_sd3 import build_tiny_sd3
-
-        pipe = build_tiny_sd3(config.resolution, seed)
+    if config.kind in TINY:
+        pipe = _attr(TINY[config.kind])(config.resolution, seed)
         if dtype != torch.float32:
             pipe.to(dtype=dtype)
     else:
@@ -72,5 +85,4 @@ def load_model(config: ModelConfig, seed: int) -> FlowMatchingModel:
         if module is not None:
             module.eval().requires_grad_(False)
     pipe.set_progress_bar_config(disable=True)
-    max_len = min(SD3_MAX_SEQUENCE_LENGTH, pipe.tokenizer_3.model_max_length)
-    return SD3Model(pipe, device, dtype, max_len)
+    return _attr(PIPELINES[type(pipe).__name__])(pipe, device, dtype, config.negative_prompt)

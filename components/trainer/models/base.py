@@ -1,22 +1,24 @@
 """The model adapter: what the trainer needs from a text-to-image flow-matching pipeline.
 
-The trainer only talks to this interface; model families (SD3, later FLUX and
-Qwen-Image) implement it in a module of their own.
+The trainer only talks to this interface; model families (SD3, FLUX.1, Qwen-Image)
+implement it in a module of their own (docs/MODELS.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
-from components.trainer.config import LoRAConfig
+from components.trainer.config import GuidanceMode, LoRAConfig
 
 ADAPTER_NAME = "default"
 
@@ -45,16 +47,26 @@ class PromptEmbeddings:
 class FlowMatchingModel(ABC):
     """A diffusers pipeline seen through the operations FlowGRPO needs."""
 
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype) -> None:
+    guidance_mode: GuidanceMode = "cfg"
+    batch_cfg = True  # the negative pass shares the prompt's forward (same text length in the batch)
+    linear_sigmas = False  # the pipeline hands the scheduler np.linspace(1, 1/N, N) (FLUX, Qwen-Image)
+    lora_targets: tuple[str, ...] = ()  # the upstream attention targets, named in error messages
+
+    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
         self.pipeline = pipeline
         self.device = device
         self.dtype = dtype
+        self.negative_prompt = negative_prompt
         self.lora_config: LoraConfig | None = None
         self._negative: PromptEmbeddings | None = None
 
-    def pipeline_call_kwargs(self) -> dict:
-        """Family-specific arguments for the pipeline's own ``__call__`` (plain generation)."""
-        return {}
+    def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
+        """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""
+        return {"guidance_scale": guidance_scale, "negative_prompt": self.negative_prompt}
+
+    def training_guidance_scale(self, guidance_scale: float, train_cfg: bool) -> float:
+        """The scale the training forward uses: embedded guidance is part of every forward, CFG only if asked."""
+        return guidance_scale if train_cfg or self.guidance_mode == "embedded" else 1.0
 
     @property
     def transformer(self) -> torch.nn.Module:
@@ -69,36 +81,76 @@ class FlowMatchingModel(ABC):
         """Shape of one latent (no batch dimension) for a square image of ``resolution`` px."""
 
     @abstractmethod
+    def image_seq_len(self, resolution: int) -> int:
+        """Image tokens the transformer sees; sets the dynamic schedule shift."""
+
+    @abstractmethod
+    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
+        """One transformer forward: the velocity at noise level ``sigma`` (``guidance``: embedded scale)."""
+
     def sigmas(self, num_steps: int, resolution: int) -> torch.Tensor:
-        """The scheduler's noise levels, float32 on CPU, shape (num_steps + 1,), from 1 down to 0."""
+        """The pipeline's noise levels, float32 on CPU, shape (num_steps + 1,), from 1 down to 0."""
+        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
-    @abstractmethod
-    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings) -> torch.Tensor:
-        """One transformer forward: the velocity at noise level ``sigma``."""
+        scheduler = self.pipeline.scheduler
+        c = scheduler.config
+        kwargs = {}
+        if c.get("use_dynamic_shifting", False):
+            kwargs["mu"] = calculate_shift(
+                self.image_seq_len(resolution), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                c.get("base_shift", 0.5), c.get("max_shift", 1.16),
+            )
+        if self.linear_sigmas:
+            scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), device="cpu", **kwargs)
+        else:
+            scheduler.set_timesteps(num_steps, device="cpu", **kwargs)
+        return scheduler.sigmas.detach().float().cpu().clone()
 
-    @abstractmethod
+    def _unpack(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents as the VAE takes them."""
+        return latents
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Images in [0, 1], float32, shape (B, 3, H, W)."""
+        vae = self.pipeline.vae
+        z = self._unpack(latents).to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
+        image = vae.decode(z, return_dict=False)[0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)
 
     def negative_embeddings(self) -> PromptEmbeddings:
-        """The empty-prompt embedding used for CFG, computed once (LoRA never touches the text encoders)."""
+        """The negative-prompt embedding used for CFG, computed once (LoRA never touches the text encoders)."""
         if self._negative is None:
-            self._negative = self.encode_prompts([""])
+            self._negative = self.encode_prompts([self.negative_prompt])
         return self._negative
+
+    def combine_cfg(self, uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
+        return uncond + scale * (cond - uncond)
 
     def predict_velocity(
         self, latents: torch.Tensor, sigma: float, cond: PromptEmbeddings, guidance_scale: float
     ) -> torch.Tensor:
-        """Velocity with classifier-free guidance when ``guidance_scale > 1``; float32."""
+        """Velocity under the family's guidance at ``guidance_scale`` (CFG only when > 1); float32."""
         x = latents.to(self.dtype)
-        if guidance_scale == 1.0:
-            return self._forward(x, sigma, cond).float()
-        both = PromptEmbeddings.cat([self.negative_embeddings().expand_to(len(cond)), cond])
-        uncond_v, cond_v = self._forward(torch.cat([x, x]), sigma, both).float().chunk(2)
-        return uncond_v + guidance_scale * (cond_v - uncond_v)
+        if guidance_scale == 1.0 or self.guidance_mode in ("embedded", "none"):
+            return self._forward(x, sigma, cond, guidance_scale).float()
+        negative = self.negative_embeddings().expand_to(len(cond))
+        if self.batch_cfg:
+            both = PromptEmbeddings.cat([negative, cond])
+            uncond_v, cond_v = self._forward(torch.cat([x, x]), sigma, both, guidance_scale).float().chunk(2)
+        else:
+            cond_v = self._forward(x, sigma, cond, guidance_scale).float()
+            uncond_v = self._forward(x, sigma, negative, guidance_scale).float()
+        return self.combine_cfg(uncond_v, cond_v, guidance_scale)
 
     def add_lora(self, config: LoRAConfig) -> list[torch.nn.Parameter]:
         """Attach a LoRA adapter to the transformer; returns its trainable parameters (float32)."""
+        names = [n for n, _ in self.transformer.named_modules()]
+        unmatched = [t for t in config.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+        if unmatched:
+            raise ValueError(
+                f"model.lora.target_modules: {', '.join(unmatched)} match no module of the "
+                f"{type(self.transformer).__name__}; this family's attention targets are {', '.join(self.lora_targets)}"
+            )
         self.lora_config = LoraConfig(
             r=config.rank, lora_alpha=config.alpha, init_lora_weights=config.init,
             target_modules=config.target_modules,
@@ -135,3 +187,34 @@ class FlowMatchingModel(ABC):
             transformer_lora_adapter_metadata=self.lora_config.to_dict(),
             safe_serialization=True,
         )
+
+
+class PackedLatentModel(FlowMatchingModel):
+    """Families whose transformer takes 2x2 latent patches as tokens (FLUX.1, Qwen-Image).
+
+    Latents live packed, (tokens, 4 x VAE channels): noise drawn in that shape has the same law as the
+    pipeline's packed noise, and the pipeline's own ``_unpack_latents`` turns them back for the VAE.
+    """
+
+    linear_sigmas = True
+
+    def grid(self, resolution: int) -> int:
+        """Tokens per side."""
+        return resolution // (self.pipeline.vae_scale_factor * 2)
+
+    def latent_shape(self, resolution: int) -> tuple[int, ...]:
+        return (self.grid(resolution) ** 2, self.transformer.config.in_channels)
+
+    def image_seq_len(self, resolution: int) -> int:
+        return self.grid(resolution) ** 2
+
+    def _resolution(self, latents: torch.Tensor) -> int:
+        return math.isqrt(latents.shape[1]) * self.pipeline.vae_scale_factor * 2
+
+    def _unpack(self, latents: torch.Tensor) -> torch.Tensor:
+        side = self._resolution(latents)
+        return self.pipeline._unpack_latents(latents, side, side, self.pipeline.vae_scale_factor)
+
+    def _timestep(self, latents: torch.Tensor, sigma: float) -> torch.Tensor:
+        # the pipelines pass scheduler timestep / 1000, i.e. sigma
+        return torch.full((latents.shape[0],), sigma, device=latents.device, dtype=torch.float32)

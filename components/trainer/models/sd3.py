@@ -6,14 +6,20 @@ import torch
 
 from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
 
+ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+
 
 class SD3Model(FlowMatchingModel):
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, max_sequence_length: int) -> None:
-        super().__init__(pipeline, device, dtype)
-        self.max_sequence_length = max_sequence_length
+    lora_targets = ATTENTION_TARGETS
 
-    def pipeline_call_kwargs(self) -> dict:
-        return {"max_sequence_length": self.max_sequence_length}
+    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
+        super().__init__(pipeline, device, dtype, negative_prompt)
+        # the pipeline's default T5 length, or the (tiny) tokenizer's if shorter
+        self.max_sequence_length = min(256, pipeline.tokenizer_3.model_max_length)
+
+    def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
+        return {**super().pipeline_call_kwargs(guidance_scale), "max_sequence_length": self.max_sequence_length}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
@@ -27,23 +33,12 @@ class SD3Model(FlowMatchingModel):
         side = resolution // self.pipeline.vae_scale_factor
         return (self.transformer.config.in_channels, side, side)
 
-    def sigmas(self, num_steps: int, resolution: int) -> torch.Tensor:
-        scheduler = self.pipeline.scheduler
-        kwargs = {}
-        if scheduler.config.get("use_dynamic_shifting", False):
-            from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+    def image_seq_len(self, resolution: int) -> int:
+        _, h, w = self.latent_shape(resolution)
+        p = self.transformer.config.patch_size
+        return (h // p) * (w // p)
 
-            _, h, w = self.latent_shape(resolution)
-            p = self.transformer.config.patch_size
-            kwargs["mu"] = calculate_shift(
-                (h // p) * (w // p), scheduler.config.get("base_image_seq_len", 256),
-                scheduler.config.get("max_image_seq_len", 4096), scheduler.config.get("base_shift", 0.5),
-                scheduler.config.get("max_shift", 1.16),
-            )
-        scheduler.set_timesteps(num_steps, device="cpu", **kwargs)
-        return scheduler.sigmas.detach().float().cpu().clone()
-
-    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings) -> torch.Tensor:
+    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
         timestep = torch.full((latents.shape[0],), sigma * self.pipeline.scheduler.config.num_train_timesteps,
                               device=latents.device, dtype=torch.float32)
         return self.transformer(
@@ -52,9 +47,3 @@ class SD3Model(FlowMatchingModel):
             pooled_projections=embeds.tensors["pooled_projections"],
             return_dict=False,
         )[0]
-
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        vae = self.pipeline.vae
-        z = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
-        image = vae.decode(z, return_dict=False)[0]
-        return (image.float() / 2 + 0.5).clamp(0, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
 from components.trainer.models import tiny_tokenizers as tok
 
@@ -23,7 +23,8 @@ T5_DIM = 2 * CLIP_HIDDEN  # SD3 pads the concatenated CLIP states to the T5 widt
 T5_MAX_LENGTH = 32
 
 
-def _clip(seed: int) -> CLIPTextModelWithProjection:
+def tiny_clip(seed: int, projection: bool = True) -> CLIPTextModel | CLIPTextModelWithProjection:
+    """A 2-layer CLIP text encoder over the character-level vocabulary (FLUX takes the plain pooled one)."""
     torch.manual_seed(seed)
     config = CLIPTextConfig(
         vocab_size=tok.clip_vocab_size(), hidden_size=CLIP_HIDDEN, intermediate_size=2 * CLIP_HIDDEN,
@@ -31,7 +32,27 @@ def _clip(seed: int) -> CLIPTextModelWithProjection:
         projection_dim=CLIP_PROJECTION, bos_token_id=tok.clip_vocab_size() - 2,
         eos_token_id=tok.clip_vocab_size() - 1, pad_token_id=tok.clip_vocab_size() - 1,
     )
-    return CLIPTextModelWithProjection(config)
+    return CLIPTextModelWithProjection(config) if projection else CLIPTextModel(config)
+
+
+def tiny_t5(seed: int) -> T5EncoderModel:
+    torch.manual_seed(seed)
+    return T5EncoderModel(T5Config(
+        vocab_size=tok.t5_vocab_size(), d_model=T5_DIM, d_kv=8, d_ff=2 * T5_DIM, num_layers=2, num_heads=4,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    ))
+
+
+def tiny_vae(resolution: int, seed: int, scaling_factor: float, shift_factor: float) -> AutoencoderKL:
+    """A 16-channel KL VAE that downsamples by 4 (SD3 and FLUX share the architecture, not the scaling)."""
+    torch.manual_seed(seed)
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
+        down_block_types=("DownEncoderBlock2D",) * len(VAE_BLOCKS),
+        up_block_types=("UpDecoderBlock2D",) * len(VAE_BLOCKS),
+        block_out_channels=VAE_BLOCKS, layers_per_block=1, norm_num_groups=16, sample_size=resolution,
+        scaling_factor=scaling_factor, shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
+    )
 
 
 def build_tiny_sd3(resolution: int, seed: int) -> StableDiffusion3Pipeline:
@@ -44,21 +65,10 @@ def build_tiny_sd3(resolution: int, seed: int) -> StableDiffusion3Pipeline:
             num_layers=2, attention_head_dim=16, num_attention_heads=2, joint_attention_dim=T5_DIM,
             caption_projection_dim=32, pooled_projection_dim=2 * CLIP_PROJECTION, pos_embed_max_size=latent,
         )
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKL(
-            in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
-            down_block_types=("DownEncoderBlock2D",) * len(VAE_BLOCKS),
-            up_block_types=("UpDecoderBlock2D",) * len(VAE_BLOCKS),
-            block_out_channels=VAE_BLOCKS, layers_per_block=1, norm_num_groups=16, sample_size=resolution,
-            scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False,
-        )
-        text_encoder = _clip(seed + 2)
-        text_encoder_2 = _clip(seed + 3)
-        torch.manual_seed(seed + 4)
-        text_encoder_3 = T5EncoderModel(T5Config(
-            vocab_size=tok.t5_vocab_size(), d_model=T5_DIM, d_kv=8, d_ff=2 * T5_DIM, num_layers=2, num_heads=4,
-            dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-        ))
+        vae = tiny_vae(resolution, seed + 1, scaling_factor=1.5305, shift_factor=0.0609)
+        text_encoder = tiny_clip(seed + 2)
+        text_encoder_2 = tiny_clip(seed + 3)
+        text_encoder_3 = tiny_t5(seed + 4)
     pipe = StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),

@@ -1,4 +1,5 @@
-"""Character-level CLIP and T5 tokenizers built in memory, so the tiny model needs no files or hub.
+"""Tokenizers built in memory, so the tiny models need no files or hub: character-level CLIP and T5, and a
+small byte-level BPE for Qwen.
 
 CLIP: the byte-to-unicode alphabet of CLIP's BPE with no merges, so every word is
 spelt out character by character. T5: a unigram vocabulary of single characters
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from transformers import CLIPTokenizer, T5Tokenizer
+from transformers import CLIPTokenizer, Qwen2Tokenizer, T5Tokenizer
 
 CLIP_MAX_LENGTH = 77
 
@@ -49,3 +50,35 @@ def t5_tokenizer(max_length: int) -> T5Tokenizer:
 
 def t5_vocab_size() -> int:
     return 4 + 2 * (127 - 32)
+
+
+# The Qwen chat-format special tokens (Qwen2-VL / Qwen2.5-VL share them).
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>",
+)
+
+
+def qwen_tokenizer(corpus: tuple[str, ...], vocab_size: int) -> Qwen2Tokenizer:
+    """A byte-level BPE trained on ``corpus`` with the Qwen special tokens, as a ``Qwen2Tokenizer``.
+
+    Words frequent in the corpus become single tokens, as in the real vocabulary; anything else falls
+    back to bytes, so every text is encodable. Also loaded by file path from tests/vllm (no package there).
+    """
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(list(corpus) * 20, trainer=trainer)
+    trained = json.loads(bpe.to_str())["model"]["merges"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained]
+    tokenizer = Qwen2Tokenizer(vocab=bpe.get_vocab(), merges=merges, unk_token=None, eos_token="<|im_end|>",
+                               pad_token="<|endoftext|>", model_max_length=1024)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS)})
+    return tokenizer

@@ -1,0 +1,56 @@
+"""FLUX.1: a guidance-distilled MMDiT (dev) on packed latents, with CLIP-L (pooled) and T5 conditioning.
+
+FLUX.1-dev has no CFG: ``guidance_scale`` is an input of every transformer forward (training's too), so the
+ratio stays exactly 1 only if training embeds the sampling scale. FLUX.1-schnell has no guidance at all.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from components.trainer.config import GuidanceMode
+from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
+
+# Upstream flow_grpo's FLUX targets: the joint blocks' attention (the single blocks share to_q/k/v names).
+ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+
+
+class FluxModel(PackedLatentModel):
+    lora_targets = ATTENTION_TARGETS
+
+    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
+        super().__init__(pipeline, device, dtype, negative_prompt)
+        # the pipeline's default T5 length, or the (tiny) tokenizer's if shorter
+        self.max_sequence_length = min(512, pipeline.tokenizer_2.model_max_length)
+        self._img_ids: dict[int, torch.Tensor] = {}
+
+    @property
+    def guidance_mode(self) -> GuidanceMode:
+        return "embedded" if self.transformer.config.guidance_embeds else "none"
+
+    def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
+        return {"guidance_scale": guidance_scale, "max_sequence_length": self.max_sequence_length}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+        embeds, pooled, _ = self.pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length,
+        )
+        return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype), "pooled_projections": pooled.to(self.dtype)})
+
+    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
+        grid = int(latents.shape[1] ** 0.5)
+        if grid not in self._img_ids:
+            self._img_ids[grid] = self.pipeline._prepare_latent_image_ids(None, grid, grid, latents.device,
+                                                                          latents.dtype)
+        text = embeds.tensors["prompt_embeds"]
+        g = None
+        if self.transformer.config.guidance_embeds:
+            g = torch.full((latents.shape[0],), guidance, device=latents.device, dtype=torch.float32)
+        return self.transformer(
+            hidden_states=latents, timestep=self._timestep(latents, sigma), guidance=g,
+            encoder_hidden_states=text, pooled_projections=embeds.tensors["pooled_projections"],
+            txt_ids=torch.zeros(text.shape[1], 3, device=latents.device, dtype=latents.dtype),
+            img_ids=self._img_ids[grid], return_dict=False,
+        )[0]

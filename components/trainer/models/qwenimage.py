@@ -1,0 +1,56 @@
+"""Qwen-Image: an MMDiT on 2x2-packed latents of a 3D (video) VAE, conditioned on Qwen2.5-VL hidden states.
+
+Guidance is true CFG: the negative prompt gets its own forward (its text length differs from the prompt's,
+as in the pipeline), and the guided velocity is rescaled to the conditional one's norm per token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
+
+ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+
+
+class QwenImageModel(PackedLatentModel):
+    guidance_mode = "true_cfg"
+    batch_cfg = False
+    lora_targets = ATTENTION_TARGETS
+
+    def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
+        # the pipeline enables true CFG only with a negative prompt (an empty one counts)
+        negative = self.negative_prompt if guidance_scale > 1 else None
+        return {"true_cfg_scale": guidance_scale, "negative_prompt": negative}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+        embeds, mask = self.pipeline.encode_prompt(prompt=prompts, device=self.device)
+        if mask is None:  # the pipeline drops an all-ones mask; rows must keep one to be selected and batched
+            mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+        return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype), "prompt_embeds_mask": mask})
+
+    def combine_cfg(self, uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
+        guided = uncond + scale * (cond - uncond)
+        return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
+
+    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
+        mask = embeds.tensors["prompt_embeds_mask"]
+        grid = int(latents.shape[1] ** 0.5)
+        return self.transformer(
+            hidden_states=latents, timestep=self._timestep(latents, sigma),
+            encoder_hidden_states=embeds.tensors["prompt_embeds"],
+            # as the pipeline: no mask when nothing is padded (the unmasked attention path)
+            encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+            img_shapes=[[(1, grid, grid)]] * latents.shape[0], return_dict=False,
+        )[0]
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipeline.vae
+        z = self._unpack(latents).to(vae.dtype)  # (B, C, 1, H, W): one video frame
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean, device=z.device, dtype=z.dtype).view(shape)
+        std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(shape)
+        image = vae.decode(z * std + mean, return_dict=False)[0][:, :, 0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)

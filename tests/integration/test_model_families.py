@@ -1,0 +1,273 @@
+"""FLUX.1 and Qwen-Image adapters on their tiny models: the pipeline's own semantics (schedule, packing,
+guidance, decoding), exact re-scoring, diffusers-format LoRA round trips, loading saved pipelines, and
+guidance settings a family cannot honour rejected before training."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from components.errors import ConfigError
+from components.trainer.config import LoRAConfig, ModelConfig
+from components.trainer.generate import generate
+from components.trainer.loop import Trainer
+from components.trainer.models import load_model
+from components.trainer.models.tiny_flux import build_tiny_flux
+from components.trainer.models.tiny_qwenimage import build_tiny_qwenimage
+from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.trainer.sde import euler_step
+from pipeline.config import CONFIG_DIR, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = {"tiny-flux": build_tiny_flux, "tiny-qwenimage": build_tiny_qwenimage}
+PIPELINE = {"tiny-flux": "FluxPipeline", "tiny-qwenimage": "QwenImagePipeline"}
+MODULES = {"tiny-flux": ("transformer", "vae", "text_encoder", "text_encoder_2"),
+           "tiny-qwenimage": ("transformer", "vae", "text_encoder")}
+# the family's guidance as its tiny config uses it: FLUX embeds 3.5, Qwen-Image runs true CFG at 4
+GUIDANCE = {"tiny-flux": 3.5, "tiny-qwenimage": 4.0}
+NEGATIVE = {"tiny-flux": "", "tiny-qwenimage": " "}
+SMALL = ["train.epochs=1", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
+         "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=1"]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+def _config(kind: str, *overrides: str):
+    return load_config(CONFIG_DIR / f"{kind}-cpu.yaml", [*SMALL, *overrides])
+
+
+def _model(kind: str, seed: int = 0):
+    config = _config(kind, f"seed={seed}")
+    model = load_model(config.model, seed)
+    torch.manual_seed(seed)
+    return model, model.add_lora(config.model.lora)
+
+
+def _state(pipe, kind):
+    return {f"{m}.{k}": v for m in MODULES[kind] for k, v in getattr(pipe, m).state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", BUILD)
+def test_tiny_pipeline_is_deterministic_per_seed_and_in_eval_mode(kind):
+    a, b, c = BUILD[kind](32, 0), BUILD[kind](32, 0), BUILD[kind](32, 1)
+    sa, sb, sc = _state(a, kind), _state(b, kind), _state(c, kind)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+    assert type(a).__name__ == PIPELINE[kind]
+    for m in MODULES[kind]:
+        assert not any(mod.training for mod in getattr(a, m).modules()), m
+
+
+def test_tiny_qwen_tokenizer_puts_the_template_prefix_in_the_34_tokens_the_pipeline_drops():
+    pipe = build_tiny_qwenimage(32, 0)
+    prefix = pipe.prompt_template_encode.split("{}")[0]
+    assert len(pipe.tokenizer.encode(prefix)) == pipe.prompt_template_encode_start_idx == 34
+    # so a prompt's embedding has one row per prompt token plus the template's 5-token suffix
+    embeds, _ = pipe.encode_prompt(["a cat"], device="cpu")
+    suffix = "<|im_end|>\n<|im_start|>assistant\n"
+    assert embeds.shape[1] == len(pipe.tokenizer.encode("a cat" + suffix))
+
+
+@pytest.mark.parametrize("kind", BUILD)
+def test_ode_sampling_through_the_adapter_matches_the_pipelines_own_call(kind):
+    """Schedule, packing, guidance (embedded / true CFG with norm rescale) and decoding as diffusers does."""
+    model, _ = _model(kind)
+    steps, g, prompts = 4, GUIDANCE[kind], ["a cat", "a red apple on a table"]
+    noise = torch.randn(2, *model.latent_shape(32), generator=torch.Generator().manual_seed(3))
+    out = model.pipeline(prompt=prompts, height=32, width=32, num_inference_steps=steps, latents=noise.clone(),
+                         output_type="np", **model.pipeline_call_kwargs(g))
+    sigmas = model.sigmas(steps, 32)
+    assert torch.allclose(model.pipeline.scheduler.sigmas.float(), sigmas)
+    cond, x = model.encode_prompts(prompts), noise
+    with torch.no_grad():
+        for i in range(steps):
+            x = euler_step(model.predict_velocity(x, float(sigmas[i]), cond, g), float(sigmas[i]),
+                           float(sigmas[i + 1]), x)
+        ours = model.decode(x).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(ours, out.images, atol=2e-4)
+    # and the guidance really acts: without it the images differ
+    unguided = model.pipeline(prompt=prompts, height=32, width=32, num_inference_steps=steps, latents=noise.clone(),
+                              output_type="np", **model.pipeline_call_kwargs(1.0)).images
+    assert np.abs(unguided - out.images).max() > 1e-3
+
+
+def test_flux_guidance_is_embedded_in_one_forward_and_kept_in_training():
+    model, _ = _model("tiny-flux")
+    emb = model.encode_prompts(["a red apple"])
+    x = torch.randn(1, *model.latent_shape(32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        v = model.predict_velocity(x, 0.5, emb, 3.5)
+        direct = model.transformer(
+            hidden_states=x, timestep=torch.tensor([0.5]), guidance=torch.tensor([3.5]),
+            encoder_hidden_states=emb.tensors["prompt_embeds"], pooled_projections=emb.tensors["pooled_projections"],
+            txt_ids=torch.zeros(emb.tensors["prompt_embeds"].shape[1], 3),
+            img_ids=model.pipeline._prepare_latent_image_ids(1, 4, 4, "cpu", torch.float32), return_dict=False,
+        )[0]
+        v1 = model.predict_velocity(x, 0.5, emb, 1.0)
+    assert torch.equal(v, direct)
+    assert not torch.allclose(v, v1)
+    assert model.training_guidance_scale(3.5, train_cfg=False) == 3.5
+
+
+def test_qwen_true_cfg_is_the_norm_rescaled_combination_of_two_forwards():
+    model, _ = _model("tiny-qwenimage")
+    emb = model.encode_prompts(["a red apple on a wooden table"])
+    x = torch.randn(1, *model.latent_shape(32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        guided = model.predict_velocity(x, 0.5, emb, 4.0)
+        cond = model.predict_velocity(x, 0.5, emb, 1.0)
+        uncond = model.predict_velocity(x, 0.5, model.encode_prompts([" "]), 1.0)
+    mix = uncond + 4.0 * (cond - uncond)
+    expected = mix * cond.norm(dim=-1, keepdim=True) / mix.norm(dim=-1, keepdim=True)
+    torch.testing.assert_close(guided, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(guided, mix, atol=1e-4)  # the rescale is not a no-op
+    assert model.training_guidance_scale(4.0, train_cfg=False) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("kind", "guidance", "sde_type", "window"),
+    [("tiny-flux", 3.5, "sde", None), ("tiny-flux", 1.0, "cps", (1, 2)),
+     ("tiny-qwenimage", 4.0, "sde", None), ("tiny-qwenimage", 1.0, "sde", (1, 2))],
+)
+def test_rescoring_a_stored_trajectory_gives_ratio_exactly_one(kind, guidance, sde_type, window):
+    model, params = _model(kind)
+    sde, train = plan_steps(4, 0.99 if window is None else 1.0, window)
+    st = SamplerSettings(4, guidance, 0.7, sde_type, 32, sde, train)
+    # prompts of different token lengths, so Qwen's padded text mask is exercised
+    rollout = sample_rollout(model, ["a cat", "a dog on a red sofa"], 4, 8, st, torch.Generator().manual_seed(0))
+    train_guidance = model.training_guidance_scale(guidance, train_cfg=guidance > 1)
+    shuffled = torch.randperm(8, generator=torch.Generator().manual_seed(1))
+    for idx in (torch.arange(8), shuffled, shuffled[:4]):
+        for t in range(len(st.train_steps)):
+            log_prob, _, _ = step_log_prob(model, rollout, idx, t, st, train_guidance)
+            ratio = torch.exp(log_prob - rollout.log_probs[idx, t])
+            assert torch.equal(ratio, torch.ones_like(ratio)), (idx.tolist(), t)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05)
+    log_prob, _, _ = step_log_prob(model, rollout, torch.arange(8), 0, st, train_guidance)
+    assert not torch.equal(log_prob, rollout.log_probs[:, 0])
+
+
+@pytest.mark.parametrize("kind", BUILD)
+def test_saved_lora_reloads_through_the_pipelines_load_lora_weights_and_reproduces_images(kind, tmp_path):
+    config = _config(kind, "train.learning_rate=0.05")
+    trainer = Trainer(config, tmp_path, log=_quiet)
+    trainer.fit()
+    kw = {"resolution": 32, "num_steps": 4, "guidance_scale": GUIDANCE[kind], "seed": 0}
+    trained = generate(trainer.model, ["a cat on a sofa"] * 2, **kw)
+    fresh = load_model(config.model, config.seed)
+    base = generate(fresh, ["a cat on a sofa"] * 2, **kw)
+    fresh.pipeline.load_lora_weights(str(tmp_path / "lora"))
+    assert type(fresh.pipeline).__name__ == PIPELINE[kind]
+    reloaded = generate(fresh, ["a cat on a sofa"] * 2, **kw)
+    assert np.array_equal(trained, reloaded)
+    assert not np.array_equal(base, reloaded)
+
+    # the registered pyfunc rebuilds the same family from model.json and serves the same images
+    from types import SimpleNamespace
+
+    from components.rewards.codec import decode_image_b64
+    from components.tracking.pyfunc_model import LoRAImageModel
+
+    (tmp_path / "model.json").write_text(json.dumps({"model": config.model.model_dump(mode="json"),
+                                                     "seed": config.seed}))
+    served = LoRAImageModel()
+    served.load_context(SimpleNamespace(artifacts={"lora": str(tmp_path / "lora"),
+                                                   "model": str(tmp_path / "model.json")}))
+    assert type(served.model.pipeline).__name__ == PIPELINE[kind]
+    frame = served.predict(None, {"prompt": ["a cat on a sofa"] * 2},
+                           params={"seed": 0, "num_inference_steps": 4, "guidance_scale": GUIDANCE[kind]})
+    assert np.array_equal(np.stack([decode_image_b64(b, 4096) for b in frame["image_png_b64"]]), trained)
+
+
+@pytest.mark.parametrize("kind", BUILD)
+def test_diffusers_kind_detects_the_family_from_model_index_and_loads_offline(kind, tmp_path):
+    BUILD[kind](32, 3).save_pretrained(tmp_path / "pipe")
+    assert json.loads((tmp_path / "pipe" / "model_index.json").read_text())["_class_name"] == PIPELINE[kind]
+    loaded = load_model(ModelConfig(kind="diffusers", path=str(tmp_path / "pipe"),
+                                    negative_prompt=NEGATIVE[kind]), seed=0)
+    reference = load_model(ModelConfig(kind=kind, negative_prompt=NEGATIVE[kind]), seed=3)
+    assert type(loaded) is type(reference) and type(loaded.pipeline).__name__ == PIPELINE[kind]
+    assert loaded.guidance_mode == reference.guidance_mode
+    ref, got = _state(reference.pipeline, kind), _state(loaded.pipeline, kind)
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    a, b = loaded.encode_prompts(["a red apple"]), reference.encode_prompts(["a red apple"])
+    assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+
+
+def test_lora_targets_of_another_family_are_named_in_the_error():
+    model = load_model(ModelConfig(kind="tiny-qwenimage"), 0)
+    with pytest.raises(ValueError, match=r"model\.lora\.target_modules: ff\.net\.0\.proj, ff\.net\.2 match no "
+                                         r"module of the QwenImageTransformer2DModel"):
+        model.add_lora(LoRAConfig())  # the default targets are SD3's, with ff.*
+
+
+@pytest.mark.parametrize(
+    ("path", "overrides", "key"),
+    [
+        ("tiny-flux-cpu.yaml", ["train.train_cfg=true"], "train.train_cfg must be false for tiny-flux"),
+        ("tiny-flux-cpu.yaml", ["model.negative_prompt=blurry"], "model.negative_prompt must be empty for tiny-flux"),
+        ("flux1-dev-pickscore.yaml", ["model.kind=tiny-flux", "model.path=null", "train.train_cfg=true"],
+         "train.train_cfg must be false"),
+        ("tiny-qwenimage-cpu.yaml", ["sampling.guidance_scale=1", "train.train_cfg=false"],
+         "model.negative_prompt is set but sampling.guidance_scale is 1"),
+        ("tiny-cpu.yaml", ["model.negative_prompt=blurry"], "model.negative_prompt is set but sampling.guidance"),
+    ],
+)
+def test_guidance_settings_a_family_cannot_honour_are_rejected_by_the_config(path, overrides, key):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(CONFIG_DIR / path, overrides)
+
+
+def test_a_loaded_flux_rejects_train_cfg_and_a_schnell_like_one_rejects_guidance_before_training(tmp_path):
+    dev = build_tiny_flux(32, 0)
+    dev.save_pretrained(tmp_path / "dev")
+    base = [f"model.path={tmp_path / 'dev'}", "model.kind=diffusers"]
+    with pytest.raises(ConfigError, match=r"train\.train_cfg must be false for FluxPipeline"):
+        Trainer(_config("tiny-flux", *base, "train.train_cfg=true"), tmp_path / "run1", log=_quiet)
+    index = json.loads((tmp_path / "dev" / "transformer" / "config.json").read_text())
+    index["guidance_embeds"] = False  # FLUX.1-schnell: distilled without a guidance input
+    (tmp_path / "dev" / "transformer" / "config.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=r"sampling\.guidance_scale must be 1 for FluxPipeline"):
+        Trainer(_config("tiny-flux", *base), tmp_path / "run2", log=_quiet)
+    assert not (tmp_path / "run2" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("path", ["flux1-dev-pickscore.yaml", "qwenimage-ocr.yaml"])
+def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
+    sys.path.insert(0, str(REPO / "tests"))
+    import rayjob_schema
+
+    from components.trainer.loop import check_world_size
+    from components.trainer.rayjob import build_rayjob
+
+    config = load_config(CONFIG_DIR / path)
+    manifest = build_rayjob(config, run_id="run-1", output="s3://flowgrpo/runs/t", parent_run_id=None)
+    assert rayjob_schema.errors(manifest) == []
+    (group,) = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert str(limits["nvidia.com/gpu"]) == "1" and group["replicas"] == 8
+    assert config.model.kind == "diffusers" and config.model.dtype == "bfloat16"
+    check_world_size(config, config.cluster.workers.replicas)  # the global batch shards evenly
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", BUILD)
+def test_tiny_family_config_learns(kind, tmp_path):
+    """The acceptance criterion of the SD3 config: last-3-epoch mean > first mean + first std / 2."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config",
+                           str(CONFIG_DIR / f"{kind}-cpu.yaml"), "--output", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
+    assert sum(last3) / 3 > first["reward/mean"] + first["reward/std"] / 2, (first, last3)
+    assert "LEARNED" in proc.stdout
