@@ -15,6 +15,16 @@ from typing import Any, Protocol
 import yaml
 
 from components.errors import LaunchError
+from components.podspec import (
+    MLFLOW_SECRET_KEYS,
+    S3_SECRET_KEYS,
+    container_security,
+    placement,
+    pod_security,
+    resources,
+    run_name,
+    secret_env,
+)
 from components.trainer.rayjob_config import RayJobConfig
 
 API_VERSION = "ray.io/v1"
@@ -24,8 +34,6 @@ NAME_PREFIX = "flowgrpo-"
 # KubeRay (v1.7 validation) caps a RayJob name at 53 - 6: it appends "-xxxxx" for the RayCluster, whose
 # services append up to "-serve-svc" within the 63 characters of a DNS label. It must be a DNS-1035 label.
 MAX_NAME = 47
-S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
-MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
 _URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+@")
 
@@ -39,16 +47,8 @@ class LaunchableConfig(Protocol):
 
 
 def rayjob_name(run_id: str) -> str:
-    """``flowgrpo-<run id>`` when that is a valid, short enough name; else a slug plus a hash of the run id,
-    so distinct run ids never share a RayJob."""
-    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
-    if not slug:
-        raise LaunchError(f"run id {run_id!r} needs at least one letter or digit")
-    if slug == run_id and len(NAME_PREFIX) + len(slug) <= MAX_NAME:
-        return NAME_PREFIX + slug
-    digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
-    room = MAX_NAME - len(NAME_PREFIX) - 1 - len(digest)
-    return f"{NAME_PREFIX}{slug[:room].rstrip('-')}-{digest}"
+    """``flowgrpo-<run id>`` when that is a valid, short enough name; else a slug plus a hash of the run id."""
+    return run_name(NAME_PREFIX, run_id, MAX_NAME)
 
 
 def default_run_id(config: LaunchableConfig, label: str) -> str:
@@ -70,17 +70,8 @@ def _find_userinfo(data: Any, path: str = "") -> str | None:
     return None
 
 
-def _secret_env(secret: str | None, keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    # optional: a missing key (say AWS_REGION) leaves the variable unset instead of blocking the pod.
-    return [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
-            for key in keys] if secret else []
-
-
 def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str, gpus: int,
          head: bool) -> dict[str, Any]:
-    limits = {"cpu": cpu, "memory": memory}
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
     container: dict[str, Any] = {
         "name": "ray",  # KubeRay treats the first container as the Ray container
         "image": cluster.image,
@@ -88,12 +79,11 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         "env": [
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "FLOWGRPO_IMAGE", "value": cluster.image},  # recorded as an MLflow lineage tag
-            *_secret_env(cluster.s3_secret, S3_SECRET_KEYS),
-            *_secret_env(cluster.mlflow_secret, MLFLOW_SECRET_KEYS),
+            *secret_env(cluster.s3_secret, S3_SECRET_KEYS),
+            *secret_env(cluster.mlflow_secret, MLFLOW_SECRET_KEYS),
         ],
-        # requests = limits: training pods should not be the first evicted or throttled under pressure.
-        "resources": {"requests": dict(limits), "limits": limits},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "resources": resources(cpu, memory, gpus),
+        "securityContext": container_security(),
         # Ray's object store and NCCL use /dev/shm; the container default (64 MiB) is far too small.
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -101,15 +91,11 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         container["ports"] = [{"name": name, "containerPort": port} for name, port in HEAD_PORTS]
     spec: dict[str, Any] = {
         "containers": [container],
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security(1000),
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     if not head:
-        if cluster.workers.node_selector:
-            spec["nodeSelector"] = dict(cluster.workers.node_selector)
-        if cluster.workers.tolerations:
-            spec["tolerations"] = [t.model_dump(exclude_none=True) for t in cluster.workers.tolerations]
+        spec.update(placement(cluster.workers.node_selector, cluster.workers.tolerations))
     return {"metadata": {"labels": labels}, "spec": spec}
 
 

@@ -33,16 +33,17 @@ def _dns_label(value: str) -> str:
     return value
 
 
-def _secret_name(value: str | None) -> str | None:
+def _object_name(value: str | None) -> str | None:
     if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value)):
-        raise ValueError("not a valid Secret name (a lowercase DNS subdomain)")
+        raise ValueError("not a valid Kubernetes object name (a lowercase DNS subdomain)")
     return value
 
 
 # YAML reads `cpu: 2` as an int; Kubernetes quantities are strings.
 Quantity = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int | float) else v),
                      AfterValidator(_quantity)]
-SecretName = Annotated[str | None, AfterValidator(_secret_name)]
+# A Secret, ServiceAccount, ... name; None = none.
+ObjectName = Annotated[str | None, AfterValidator(_object_name)]
 
 
 def check_image(image: str) -> str:
@@ -59,6 +60,14 @@ def check_image(image: str) -> str:
         raise ValueError("the image uses the moving tag 'latest': pin a version or a digest so every pod "
                          "of the run (and a retry) gets the same code")
     return image
+
+
+def check_gpu_pool(gpus: int, node_selector: dict[str, str], where: str) -> None:
+    """GPUs need a node selector: without one, GPU pods land anywhere the scheduler likes, or stay Pending with no
+    hint why."""
+    if gpus > 0 and not node_selector:
+        raise ValueError(f"GPUs requested without a GPU node pool: set {where}.node_selector "
+                         "(e.g. {cloud.google.com/gke-accelerator: nvidia-h100-80gb})")
 
 
 class HeadConfig(Section):
@@ -100,10 +109,7 @@ class WorkersConfig(Section):
 
     @model_validator(mode="after")
     def _gpus_need_a_pool(self) -> WorkersConfig:
-        # Without a selector GPU pods land anywhere the scheduler likes, or stay Pending with no hint why.
-        if self.gpus_per_worker > 0 and not self.node_selector:
-            raise ValueError("GPUs requested without a GPU node pool: set cluster.workers.node_selector "
-                             "(e.g. {cloud.google.com/gke-accelerator: nvidia-h100-80gb})")
+        check_gpu_pool(self.gpus_per_worker, self.node_selector, "cluster.workers")
         return self
 
 
@@ -125,12 +131,12 @@ class RayJobConfig(Section):
     )
     head: HeadConfig = Field(default_factory=HeadConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
-    s3_secret: SecretName = Field(
+    s3_secret: ObjectName = Field(
         default="flowgrpo-s3",
         description="Secret whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3 and AWS_REGION "
                     "become the pods' environment (each optional); null = none",
     )
-    mlflow_secret: SecretName = Field(
+    mlflow_secret: ObjectName = Field(
         default="flowgrpo-mlflow",
         description="Secret whose keys MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
                     "become the pods' environment (each optional); null = none",

@@ -507,8 +507,10 @@ def test_vllm_judge_runs_on_the_gpu_pool_from_a_read_only_model_volume(renders):
 
 
 def test_dev_overlay_needs_no_gpu(renders):
-    text = json.dumps(renders["overlays/dev"] + renders["overlays/dev/rayjob"])
-    assert "nvidia.com/gpu" not in text
+    # The pods, not the config text the RayJob carries: its reward_deploy.judge defaults name the GPU pool, used
+    # only when a vlm_judge reward is configured.
+    pods = [spec for obj in renders["overlays/dev"] + renders["overlays/dev/rayjob"] for _, spec in pod_specs(obj)]
+    assert len(pods) >= 4 and "nvidia.com/gpu" not in json.dumps(pods)
     assert _one(renders["overlays/dev"], "Deployment", "flowgrpo-reward-server")["spec"]["replicas"] == 1
     rayjob = renders["overlays/dev/rayjob"][0]
     assert [g["replicas"] for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]] == [1]
@@ -747,5 +749,12 @@ def test_components_image_runs_the_light_steps_with_only_its_requirements(tmp_pa
     step("-c", "import components.kube, components.tracking.registry, kfp, kfp.kubernetes\n"
                "from mlflow import MlflowClient\nfrom components.storage import download_dir\n"
                "from mlflow.version import IS_MLFLOW_SKINNY\nassert IS_MLFLOW_SKINNY")
+    # The pipeline's light steps (prepare, deploy / teardown, the RayJob launch, register) and the pipeline itself.
+    root = tmp_path / "root"
+    step("-c", "import pipeline.kfp_pipeline, components.reward_server.deploy, components.tracking.pipeline_runs\n"
+               "from pipeline import steps\nfrom pipeline.config import config_from_parameter\n"
+               f"ref = steps.prepare(config_from_parameter('tiny-cpu'), {str(root)!r})\n"
+               "assert ref.manifest['rows']['train'] + ref.manifest['rows']['test'] == 8 and not ref.reused\n"
+               f"assert steps.prepare(config_from_parameter('tiny-cpu'), {str(root)!r}).reused")
     blocked_proc = _run([sys.executable, "-c", BLOCKER, "-c", "import torch"], env=env)
     assert blocked_proc.returncode != 0 and "No module named 'torch'" in blocked_proc.stderr
