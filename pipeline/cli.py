@@ -49,32 +49,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
     result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
                    workers=args.ray_workers)
-    s = result.learning_summary()
-    print(
-        f"first epoch reward mean {s['first_mean']:.6g} (per-sample std {s['first_std']:.3g}); "
-        f"last 3 epochs mean {s['last3_mean']:.6g}; "
-        f"{'LEARNED' if s['learned'] else 'did not learn'}: last-3 mean "
-        f"{'>' if s['learned'] else '<='} first mean + std/2 = {s['threshold']:.6g}"
-    )
+    from components.trainer.metrics import describe_learning
+
+    print(describe_learning(result.learning_summary()))
     print(f"LoRA: {result.lora_uri}  metrics: {result.metrics_uri}")
     if result.mlflow_run_url:
         print(f"MLflow run: {result.mlflow_run_url}")
     return 0
-
-
-def _training_history(lora: str, metrics: str | None) -> list[dict]:
-    """The run's metrics.jsonl: --metrics, else the one beside a run's lora/ folder when it is there."""
-    import json
-
-    from components import storage
-
-    if metrics is None:
-        if not lora.rstrip("/").endswith("/lora"):
-            return []
-        metrics = storage.join(lora.rstrip("/")[: -len("/lora")], "metrics.jsonl")
-        if not storage.exists(metrics):
-            return []
-    return [json.loads(line) for line in storage.get_bytes(metrics).decode().splitlines() if line.strip()]
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -83,35 +64,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.registered_model and not (name and version):
         raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
     _quiet_libraries()
-    from components.evaluate.evaluate import evaluate
-    from components.tracking.registry import apply_gate
-    from components.tracking.tracker import open_tracker
+    from pipeline import steps
 
-    history = _training_history(args.lora, args.metrics)
-    tracker = open_tracker(config.tracking.experiment, "evaluate", parent_run_id=args.mlflow_parent_run_id,
-                           system_metrics=False, log=status_line)
-    status = "FAILED"
-    try:
-        result = evaluate(config, config.evaluation_rewards(), config.eval, args.lora, Path(args.output),
-                          history=history, log=status_line)
-        for key, row in result.summary["rewards"].items():
-            tracker.log_metrics({f"eval/{key}/{k}": v for k, v in row.items()}, step=0)
-            print(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
-                  f"{row['ci_level']:.0%} CI [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}], n {row['n']})")
-        gate = result.summary["gate"]
-        tracker.set_tags({"flowgrpo.gate": "promoted" if gate["promoted"] else "refused",
-                          "flowgrpo.gate_reason": gate["reason"]})
-        for path in (result.eval_path, result.report_path):
-            tracker.log_artifact(path)
-        for warning in result.summary["warnings"]:
-            print(f"warning: {warning}")
-        print(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
-        if args.registered_model:
-            apply_gate(name, version, gate["promoted"], gate["reason"], gate["alias"], log=status_line)
-        print(f"eval: {result.eval_path}  report: {result.report_path}")
-        status = "FINISHED"
-    finally:
-        tracker.close(status)
+    result = steps.evaluate(config, args.lora, Path(args.output),
+                            history=steps.training_history(args.lora, args.metrics),
+                            parent_run_id=args.mlflow_parent_run_id,
+                            registered_model=(name, version) if args.registered_model else None)
+    print(f"eval: {result.eval_path}  report: {result.report_path}")
     return 0
 
 
@@ -163,6 +122,76 @@ def cmd_prepare_dataset(args: argparse.Namespace) -> int:
     print(f"rejected {rows['rejected']}: {result.rejections.summary()}")
     print(f"train: {result.train_uri}\ntest: {result.test_uri}\nmanifest: {result.manifest_uri} "
           f"(content sha256 {result.manifest['content_sha256']})")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from pipeline.kfp_pipeline import compile_pipeline
+
+    path = compile_pipeline(args.output, eval_gpus=args.eval_gpus)
+    print(f"compiled the pipeline to {path} (run it: kfp run create -e EXPERIMENT -r RUN -f {path} "
+          "config=tiny-cpu)")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not args.local:
+        raise ConfigError("`flowgrpo run` runs on this machine and needs --local; `flowgrpo submit` starts a run on "
+                          "a Kubeflow Pipelines endpoint")
+    if args.ray_workers < 0:
+        raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
+    config = load_config(args.config, args.overrides)
+    if args.ray_workers:
+        from components.trainer.loop import check_world_size
+
+        check_world_size(config, args.ray_workers)
+    _quiet_libraries()
+    from pipeline.local_run import run_local
+
+    status_line(f"local run of {args.config} in {args.workdir}")
+    result = run_local(config, workdir=args.workdir, ray_workers=args.ray_workers, ui_port=args.ui_port)
+    took = sum(result.step_seconds.values())
+    print(f"pipeline run {result.run_name} finished ({took:.0f} s in steps)")
+    print(f"MLflow run: {result.mlflow_run_url or 'tracking off'}  (serve it: flowgrpo ui --workdir {args.workdir}"
+          f" --port {args.ui_port})")
+    print(f"report: {result.report_path}")
+    print(f"LoRA: {result.lora_uri}")
+    print(f"registered model: {result.registered or 'not registered'}")
+    print(f"log: {result.log_path}")
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from pipeline.local_run import serve_ui
+
+    serve_ui(args.workdir, port=args.port)
+    return 0
+
+
+def _parse_arguments(items: list[str]) -> dict:
+    import yaml
+
+    arguments = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"pipeline argument {item!r} must look like key=value")
+        arguments[key] = yaml.safe_load(value) if key in ("overrides", "ray_workers") else value
+    return arguments
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from pipeline.config import config_from_parameter
+    from pipeline.kfp_submit import submit
+
+    arguments = _parse_arguments(args.arguments)
+    if args.config is not None:
+        arguments["config"] = args.config.read_text(encoding="utf-8") if args.config.is_file() else str(args.config)
+    config_from_parameter(arguments.get("config", ""), arguments.get("overrides") or [])  # refuse before submitting
+    run_name = args.run_name or f"flowgrpo-{time.strftime('%Y%m%d-%H%M%S')}"
+    done = submit(args.host, experiment=args.experiment, run_name=run_name, arguments=arguments,
+                  namespace=args.namespace, eval_gpus=args.eval_gpus)
+    print(f"submitted run {done.run_id} ({run_name}) in experiment {args.experiment}: {done.run_url}")
     return 0
 
 
@@ -262,6 +291,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=256,
                    help="reject prompts estimated longer than this many T5 tokens (default 256)")
     p.set_defaults(func=cmd_prepare_dataset)
+
+    p = sub.add_parser("run", help="run the whole pipeline on this machine (--local)",
+                       description="Run the whole pipeline (prepare dataset -> deploy reward server -> train -> "
+                                   "evaluate -> register, then tear the reward server down) on this machine with "
+                                   "kfp.local: starts SeaweedFS (S3), an MLflow server on sqlite, the reward server "
+                                   "and a local Ray, prints each step with its duration, and stops them all at the "
+                                   "end or on Ctrl-C. State lives under --workdir; a second run reuses the "
+                                   "prepared dataset and `flowgrpo ui` serves what the runs logged.")
+    _add_config_args(p)
+    p.add_argument("--local", action="store_true", help="run here (the only mode; `submit` targets a cluster)")
+    p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"),
+                   help="where the S3 data, MLflow database, pipeline outputs and logs live (default ./.flowgrpo)")
+    p.add_argument("--ray-workers", type=int, default=1, metavar="N",
+                   help="Ray Train workers for the training step (default 1; 0 trains in the step's process)")
+    p.add_argument("--ui-port", type=int, default=5000, help="the port `flowgrpo ui` serves on (for the printed URL)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("ui", help="serve MLflow over the state of local runs",
+                       description="Start SeaweedFS and the MLflow UI over --workdir (what `run --local` left), "
+                                   "with the sample images and reports, until Ctrl-C.")
+    p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"), help="the local runs' work directory")
+    p.add_argument("--port", type=int, default=5000, help="MLflow UI port (default 5000)")
+    p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("compile", help="compile the Kubeflow pipeline to YAML",
+                       description="Compile the KFP v2 pipeline (with its kubernetes settings: Secrets as env, "
+                                   "timeouts, the GPU evaluation pod) for `kfp run create -f FILE`.")
+    p.add_argument("--output", type=Path, default=Path(__file__).with_name("flowgrpo_pipeline.yaml"),
+                   help="where to write (default: pipeline/flowgrpo_pipeline.yaml, the committed copy)")
+    p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("submit", help="start a pipeline run on a Kubeflow Pipelines endpoint",
+                       description="Compile the pipeline, upload it (once per content), create the experiment if "
+                                   "needed and start a run. The config is validated first. A bearer token, when "
+                                   "needed, comes from $KFP_TOKEN.")
+    p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://ml-pipeline-ui.kubeflow:80")
+    p.add_argument("--experiment", default="flowgrpo", help="KFP experiment (created when missing)")
+    p.add_argument("--run-name", default=None, help="run name (default flowgrpo-<timestamp>)")
+    p.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="experiment YAML sent as the `config` parameter (else config=NAME_OR_TEXT or tiny-cpu)")
+    p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
+    p.add_argument("arguments", nargs="*", metavar="key=value",
+                   help="pipeline parameters: config, overrides (a YAML/JSON list), storage_root, ray_workers")
+    p.set_defaults(func=cmd_submit)
     return parser
 
 

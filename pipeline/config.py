@@ -13,8 +13,10 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from components.config_base import format_validation_error, read_yaml_mapping
+from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
+from components.reward_server.deploy_config import RewardDeployConfig
 from components.rewards.config import RewardSpec, check_unique_keys
 from components.trainer.config import TrainingJobConfig
 from components.trainer.rayjob_config import RayJobConfig
@@ -30,9 +32,18 @@ class ExperimentConfig(TrainingJobConfig):
         default=None, description="rewards for evaluation, kept apart from training; null = the training rewards",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation of the LoRA and the promotion gate")
+    dataset: PrepareConfig = Field(
+        default_factory=PrepareConfig,
+        description="the pipeline's prepare_dataset step; a plain `flowgrpo train` reads `data:` as it is",
+    )
     cluster: RayJobConfig = Field(
         default_factory=RayJobConfig,
         description="the KubeRay RayJob a cluster run becomes (`flowgrpo rayjob`); a local `train` ignores it",
+    )
+    reward_deploy: RewardDeployConfig = Field(
+        default_factory=RewardDeployConfig,
+        description="the reward server the pipeline deploys for the run's training rewards (a Deployment + Service "
+                    "on a cluster, a process locally) and removes when the run ends",
     )
 
     @model_validator(mode="after")
@@ -92,10 +103,45 @@ def _list_index(node: list, part: str, path: list[str]) -> int:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read ``path`` (default: the tiny CPU config), apply overrides, validate."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
-    data = read_yaml_mapping(path)
+    return _validated(read_yaml_mapping(path), overrides, str(path))
+
+
+def bundled_config(name: str) -> Path | None:
+    """``pipeline/configs/NAME.yaml`` when ``name`` names one of the example configs shipped in the package."""
+    path = CONFIG_DIR / f"{name}.yaml"
+    return path if name and "/" not in name and path.is_file() else None
+
+
+def config_from_parameter(value: str, overrides: list[str] | None = None) -> ExperimentConfig:
+    """The pipeline's ``config`` parameter: an example config's name (``tiny-cpu``), or a whole experiment
+    config as YAML or JSON text; then ``overrides``."""
+    value = value.strip()
+    if (path := bundled_config(value or DEFAULT_CONFIG.stem)) is not None:
+        return load_config(path, overrides)
+    try:
+        data = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config parameter: not a known config name ({', '.join(example_configs())}) and not "
+                          f"valid YAML/JSON: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config parameter {value[:60]!r}: not a known config name "
+                          f"({', '.join(example_configs())}) and not a YAML/JSON mapping of config sections")
+    return _validated(data, overrides, "config parameter")
+
+
+def example_configs() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def _validated(data: dict[str, Any], overrides: list[str] | None, source: str) -> ExperimentConfig:
     for text in overrides or []:
         apply_override(data, text)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(path))) from exc
+        raise ConfigError(format_validation_error(exc, source)) from exc
+
+
+def dump_config(config: ExperimentConfig) -> str:
+    """The config as YAML text that ``config_from_parameter`` reads back to an equal config."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -50,3 +50,19 @@ class DataConfig(Section):
                 if not p.strip():
                     raise ValueError(f"data.prompts.{i} is empty")
         return self
+
+
+class PrepareConfig(Section):
+    """How the pipeline's prepare_dataset step builds the run's dataset (`flowgrpo prepare-dataset` options)."""
+
+    source: str | None = Field(
+        default=None,
+        description="`builtin:ocr|aesthetic|compositional`, or a JSONL / CSV / Parquet file (path or s3:// URI); "
+                    "null = the training data of `data:` (its inline prompts or its file)",
+    )
+    kind: Literal["ocr", "generic"] | None = Field(
+        default=None, description="`ocr` also rejects rows with no text to render; null = from the source",
+    )
+    test_fraction: float = Field(default=0.25, ge=0, lt=1, description="share of rows held out for evaluation")
+    seed: int = Field(default=0, description="the split depends only on each prompt and this seed")
+    max_prompt_tokens: int = Field(default=256, ge=1, description="longer prompts are rejected (T5's limit)")

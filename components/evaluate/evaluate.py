@@ -21,6 +21,7 @@ import numpy as np
 
 from components import storage
 from components.console import status_line
+from components.dataset.prepared import read_manifest
 from components.dataset.prompts import PromptRow, is_prepared, load_prompt_rows
 from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.report import PromptResult, render_report
@@ -46,8 +47,8 @@ def eval_rows(config: TrainingJobConfig, limit: int | None) -> tuple[list[Prompt
     """The held-out ``test`` split of a prepared dataset, else the training prompts; and whether they are
     held out."""
     data = config.data
-    held_out = data.path is not None and is_prepared(data.path)
-    rows = load_prompt_rows(data.model_copy(update={"split": "test"}) if held_out else data)
+    held_out = data.path is not None and is_prepared(data.path) and read_manifest(data.path)["rows"]["test"] > 0
+    rows = load_prompt_rows(data.model_copy(update={"split": "test" if held_out else data.split}))
     return rows[:limit] if limit else rows, held_out
 
 

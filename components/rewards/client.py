@@ -4,6 +4,7 @@ connection pool, a timeout, bounded in-flight requests and retries on transient 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,10 @@ from components.rewards.codec import encode_raw_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.wire import RawPixels, RewardsResponse, ScoreRequest, ScoreResponse
+
+# httpx logs every request at INFO; under a runner that turns INFO on (KFP's executor, Ray workers) that is one
+# line per sampled batch. Failures are reported by this client itself.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 BACKOFF_S = 0.5
 

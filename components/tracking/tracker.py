@@ -214,12 +214,9 @@ class MlflowTracker(NullTracker):
                                                                       tags))
 
     def _register(self, name: str, lora_dir: Path, model_config: dict, seed: int, tags: dict[str, str]) -> None:
-        from components.tracking.pyfunc_model import log_lora_model
+        from components.tracking.pipeline_runs import register_lora_version
 
-        version = log_lora_model(self.run_id, name, lora_dir, model_config, seed)
-        for k, v in {**tags, "flowgrpo.run_id": self.run_id}.items():
-            self.client.set_model_version_tag(name, version, k, v)
-        self.log(f"registered {name} version {version} in the MLflow Model Registry")
+        register_lora_version(self.run_id, name, lora_dir, model_config, seed, tags, log=self.log)
 
     def close(self, status: str = "FINISHED") -> None:
         """Finish the run (if this tracker owns it); wait up to $FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S for buffered

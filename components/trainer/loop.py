@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,18 +31,15 @@ from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.collective import Collective
-from components.trainer.config import TrainingJobConfig
+from components.trainer.config import TrainingJobConfig, check_guidance
 from components.trainer.ema import LoRAEMA
-from components.trainer.metrics import MetricsFile, progress_line
+from components.trainer.metrics import MetricsFile, learning_summary, progress_line
 from components.trainer.models import FlowMatchingModel, load_model
 from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
-from components.trainer.run_output import RunOutput
+from components.trainer.run_output import CONFIG_FILE, FINAL_LORA_DIR, METRICS_FILE, RunOutput
 from components.trainer.samples import pick_samples, sample_grid
 from components.trainer.update import UpdateSettings, policy_update
 
-FINAL_LORA_DIR = "lora"
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.yaml"
 SAMPLES_DIR = "samples"
 
 
@@ -63,15 +59,7 @@ class TrainResult:
         return self.output.uri_of(METRICS_FILE)
 
     def learning_summary(self) -> dict[str, float]:
-        """First-epoch mean and per-sample std, last-3-epoch mean, and whether it beat mean + std / 2."""
-        first = self.history[0]
-        nan = float("nan")
-        last3 = statistics.fmean(nan if row["reward/mean"] is None else row["reward/mean"] for row in self.history[-3:])
-        if first["reward/mean"] is None:
-            return {"first_mean": nan, "first_std": nan, "last3_mean": last3, "threshold": nan, "learned": False}
-        threshold = first["reward/mean"] + first["reward/std"] / 2
-        return {"first_mean": first["reward/mean"], "first_std": first["reward/std"],
-                "last3_mean": last3, "threshold": threshold, "learned": last3 > threshold}
+        return learning_summary(self.history)
 
 
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -130,14 +118,14 @@ def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> 
     )
 
 
-def _update_settings(config: TrainingJobConfig, world_size: int = 1) -> UpdateSettings:
+def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel, world_size: int = 1) -> UpdateSettings:
     """Each of ``world_size`` workers trains on its share of every micro-batch; averaged gradients make the
     optimizer step the one a single process would take on the whole micro-batch."""
     t = config.train
     return UpdateSettings(
         batch_size=t.batch_size // world_size, gradient_accumulation_steps=t.gradient_accumulation_steps,
         inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
-        guidance_scale=config.sampling.guidance_scale if t.train_cfg else 1.0,
+        guidance_scale=model.training_guidance_scale(config.sampling.guidance_scale, t.train_cfg),
     )
 
 
@@ -225,6 +213,10 @@ class Trainer:
         self.rows = load_prompt_rows(config.data)
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed)
+        try:  # a `diffusers` kind's family is known only now; reject its meaningless settings before training
+            check_guidance(config, self.model.guidance_mode, type(self.model.pipeline).__name__)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         device = self.model.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(config.seed)
@@ -313,7 +305,7 @@ class Trainer:
         local = slice(world.rank * len(rollout), (world.rank + 1) * len(rollout))
         update_metrics, self.optimizer_step = policy_update(
             self.model, self.optimizer, self.params, rollout, advantages[local], sampler,
-            _update_settings(cfg, world.world_size), cpu_gen, self.ema, self.optimizer_step,
+            _update_settings(cfg, self.model, world.world_size), cpu_gen, self.ema, self.optimizer_step,
             average_grads=world.average_ if world.world_size > 1 else None,
         )
         t3 = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,24 @@ def progress_line(row: dict, total_epochs: int, eta_seconds: float) -> str:
         f" | {f('images_per_s', '.1f')} img/s | sample {f('time/sampling', '.2f')}s"
         f" score {f('time/scoring', '.2f')}s train {f('time/training', '.2f')}s | eta {_duration(eta_seconds)}"
     )
+
+
+def learning_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """First-epoch mean and per-sample std, last-3-epoch mean, and whether it beat mean + std / 2."""
+    first = history[0]
+    nan = float("nan")
+    last3 = statistics.fmean(nan if row["reward/mean"] is None else row["reward/mean"] for row in history[-3:])
+    if first["reward/mean"] is None:
+        return {"first_mean": nan, "first_std": nan, "last3_mean": last3, "threshold": nan, "learned": False}
+    threshold = first["reward/mean"] + first["reward/std"] / 2
+    return {"first_mean": first["reward/mean"], "first_std": first["reward/std"],
+            "last3_mean": last3, "threshold": threshold, "learned": last3 > threshold}
+
+
+def describe_learning(summary: dict[str, float]) -> str:
+    """The one-line verdict `train` prints at the end."""
+    s = summary
+    return (f"first epoch reward mean {s['first_mean']:.6g} (per-sample std {s['first_std']:.3g}); "
+            f"last 3 epochs mean {s['last3_mean']:.6g}; "
+            f"{'LEARNED' if s['learned'] else 'did not learn'}: last-3 mean "
+            f"{'>' if s['learned'] else '<='} first mean + std/2 = {s['threshold']:.6g}")

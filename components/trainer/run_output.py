@@ -14,6 +14,11 @@ from pathlib import Path
 
 from components import storage
 
+# What a run writes under its output (also read by the pipeline steps, which must not import torch).
+FINAL_LORA_DIR = "lora"
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+
 
 def _staging_root() -> Path:
     return Path(os.environ.get(storage.CACHE_ENV) or Path.home() / ".cache" / "flowgrpo") / "runs"

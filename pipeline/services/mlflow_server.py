@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seaweed import SeaweedS3, _stop, free_ports, venv_binary  # tests/seaweed.py
+from pipeline.services.seaweed import SeaweedS3, free_ports, stop_process_group, venv_binary
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
             time.sleep(0.2)
         yield server
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         # Sweep whatever of its group outlived the leader (or a leader that died on its own).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -1,4 +1,5 @@
-"""Run a real SeaweedFS ``weed mini`` (S3 API, credentials enforced) on free loopback ports for tests.
+"""Run a real SeaweedFS ``weed mini`` (S3 API, credentials enforced) on free loopback ports: the object store
+of `flowgrpo run --local` and of the tests.
 
 See docs/ARCHITECTURE.md, "SeaweedFS S3": every one of its 14 listeners gets its own free port, the admin
 gRPC port must be admin.port + 10000 (its built-in worker dials that whatever we pass), and all its files
@@ -92,6 +93,10 @@ def venv_binary(name: str, package: str) -> str:
     return found
 
 
+def random_credentials() -> tuple[str, str]:
+    return "AK" + secrets.token_hex(8).upper(), "SK" + secrets.token_hex(16)
+
+
 def _s3_answers(endpoint: str) -> bool:
     # Any HTTP answer (an anonymous request gets 403 when credentials are enforced) means S3 is up.
     try:
@@ -103,7 +108,7 @@ def _s3_answers(endpoint: str) -> bool:
         return False
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 10) -> None:
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -117,11 +122,13 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10) -> None:
 
 
 @contextlib.contextmanager
-def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: float = 60) -> Iterator[SeaweedS3]:
+def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: float = 60,
+                    credentials: tuple[str, str] | None = None) -> Iterator[SeaweedS3]:
     """Start ``weed mini`` with its files under ``workdir``, wait until S3 answers, yield it, then stop it.
 
-    Credentials are random and enforced; ``bucket`` is created at start. Buckets are not created on
-    upload (``-s3.autoCreateBucket=false``) so a missing bucket stays an error, as on real S3.
+    Credentials (access key, secret key) are enforced, random unless given; ``bucket`` is created at start.
+    Buckets are not created on upload (``-s3.autoCreateBucket=false``) so a missing bucket stays an error, as on
+    real S3.
     """
     workdir = Path(workdir)
     for sub in ("data", "webdav", "logs", "admin"):
@@ -143,8 +150,9 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
         f"-webdav.port={webdav}", f"-admin.port={admin}", f"-admin.port.grpc={admin + ADMIN_GRPC_OFFSET}",
         f"-metricsPort={metrics}",
     ]
-    server = SeaweedS3(endpoint=f"http://127.0.0.1:{s3}", access_key="AK" + secrets.token_hex(8).upper(),
-                       secret_key="SK" + secrets.token_hex(16), bucket=bucket)
+    access_key, secret_key = credentials or random_credentials()
+    server = SeaweedS3(endpoint=f"http://127.0.0.1:{s3}", access_key=access_key, secret_key=secret_key,
+                       bucket=bucket)
     env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
     env.pop("S3_BUCKET", None)
     # Its own session, so stopping it reaches every process it starts.
@@ -163,7 +171,7 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
         _wait_bucket(server, deadline)
         yield server
     finally:
-        _stop(proc)
+        stop_process_group(proc)
 
 
 def _wait_bucket(server: SeaweedS3, deadline: float) -> None:

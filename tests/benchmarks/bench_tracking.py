@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -23,13 +22,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: seaweed, mlflow_server
-
-from mlflow_server import running_mlflow
-from seaweed import running_seaweed
 
 from components.trainer.loop import train
 from pipeline.config import load_config
+from pipeline.services.mlflow_server import running_mlflow
+from pipeline.services.seaweed import running_seaweed
 
 TARGET = 1.05
 

@@ -4,8 +4,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlflow_server import MlflowServer, running_mlflow  # tests/mlflow_server.py
-from seaweed import SeaweedS3, running_seaweed  # tests/seaweed.py
+
+from pipeline.services.mlflow_server import MlflowServer, running_mlflow
+from pipeline.services.seaweed import SeaweedS3, running_seaweed
 
 
 @pytest.fixture(scope="session")

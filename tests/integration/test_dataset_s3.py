@@ -9,13 +9,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from seaweed import SeaweedS3  # tests/seaweed.py
 
 from components import storage
 from components.dataset.config import DataConfig
 from components.dataset.prepare import prepare_dataset
 from components.dataset.prepared import read_split
 from components.dataset.prompts import dataset_hash, load_prompt_rows
+from pipeline.services.seaweed import SeaweedS3
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,5 @@
-"""tests/mlflow_server.py: a real MLflow server proxies artifacts into SeaweedFS; clients hold no S3 keys."""
+"""pipeline/services/mlflow_server.py: a real MLflow server proxies artifacts into SeaweedFS; clients hold no
+S3 keys."""
 
 from __future__ import annotations
 

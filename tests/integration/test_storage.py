@@ -13,10 +13,10 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
-from seaweed import SeaweedS3, free_ports  # tests/seaweed.py
 
 from components import storage
 from components.errors import FlowGRPOError
+from pipeline.services.seaweed import SeaweedS3, free_ports
 
 MiB = 1024 * 1024
 

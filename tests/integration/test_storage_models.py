@@ -5,7 +5,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from seaweed import running_seaweed
 
 from components import storage
 from components.errors import FlowGRPOError
@@ -14,6 +13,7 @@ from components.rewards.registry import build_reward
 from components.trainer.config import ModelConfig
 from components.trainer.models import load_model
 from components.trainer.models.tiny_sd3 import build_tiny_sd3
+from pipeline.services.seaweed import running_seaweed
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,16 @@ import pytest
 import torch
 from botocore.config import Config
 from mlflow import MlflowClient
-from mlflow_server import running_mlflow  # tests/mlflow_server.py
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
-from seaweed import SeaweedS3, free_ports  # tests/seaweed.py
 
 from components.tracking.tracker import MlflowTracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.generate import generate, load_with_lora
 from components.trainer.loop import train
+from pipeline.services.mlflow_server import running_mlflow
+from pipeline.services.seaweed import SeaweedS3, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",

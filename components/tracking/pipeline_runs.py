@@ -1,0 +1,97 @@
+"""MLflow runs of a pipeline run: the parent run every step logs under, and the model version the register
+step creates. Synchronous, unlike the trainer's tracker: a pipeline step has nothing to overlap with."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from components.tracking.params import redact
+from components.tracking.tracker import TRACKING_URI_ENV
+
+PIPELINE_RUN_TAG = "flowgrpo.pipeline_run_id"
+
+
+def tracking_uri() -> str | None:
+    return os.environ.get(TRACKING_URI_ENV) or None
+
+
+def _client():
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri())
+
+
+def run_url(run_id: str) -> str:
+    """The MLflow UI address of a run."""
+    client = _client()
+    run = client.get_run(run_id)
+    return f"{redact(tracking_uri() or '').rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+
+
+def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | None:
+    """The MLflow run of pipeline run ``pipeline_run_id`` (found by tag, else created, so every step and a
+    retried step agree without passing ids around); None when tracking is off."""
+    if tracking_uri() is None:
+        return None
+    client = _client()
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+    runs = client.search_runs([experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'", max_results=1)
+    if runs:
+        return runs[0].info.run_id
+    run = client.create_run(experiment_id, run_name=run_name, tags={PIPELINE_RUN_TAG: pipeline_run_id})
+    return run.info.run_id
+
+
+def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool) -> None:
+    """Close the pipeline's run as FINISHED or FAILED (no-op when tracking is off or it was never opened)."""
+    if tracking_uri() is None:
+        return
+    client = _client()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return
+    for run in client.search_runs([found.experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'"):
+        client.set_terminated(run.info.run_id, status="FINISHED" if succeeded else "FAILED")
+
+
+def register_lora_version(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int,
+                          tags: dict[str, str], log: Callable[[str], None] = print) -> str:
+    """Log the LoRA as a pyfunc model into run ``run_id``, register it as a new version of ``name``, tag
+    the version; returns the version."""
+    from components.tracking.pyfunc_model import log_lora_model
+
+    version = log_lora_model(run_id, name, lora_dir, model_config, seed)
+    client = _client()
+    for key, value in {**tags, "flowgrpo.run_id": run_id}.items():
+        client.set_model_version_tag(name, version, key, value)
+    log(f"registered {name} version {version} in the MLflow Model Registry")
+    return version
+
+
+def lineage_of(run_id: str) -> dict[str, str]:
+    """The ``flowgrpo.*`` lineage tags a training run carries (config hash, dataset, base model, commit)."""
+    return {k: v for k, v in _client().get_run(run_id).data.tags.items() if k.startswith("flowgrpo.")}
+
+
+def parent_run_of(run_name: str) -> tuple[str, str] | None:
+    """(experiment id, run id) of the pipeline run named ``run_name`` (the KFP job name), if tracked."""
+    if tracking_uri() is None:
+        return None
+    client = _client()
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, f"attributes.run_name = '{run_name}' and tags.`{PIPELINE_RUN_TAG}` != ''",
+                              max_results=1)
+    return (runs[0].info.experiment_id, runs[0].info.run_id) if runs else None
+
+
+def child_run(parent_run_id: str, run_name: str) -> str | None:
+    """The id of the run named ``run_name`` under ``parent_run_id`` (the newest, if retried), if any."""
+    client = _client()
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id],
+                              f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = '{run_name}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None

@@ -1,0 +1,73 @@
+"""`flowgrpo submit`: upload the compiled pipeline to a Kubeflow Pipelines endpoint and start a run.
+
+The pipeline is uploaded once per content (version name = package version + hash of the compiled YAML), so
+submitting the same code twice reuses the version; the experiment is created when missing. The bearer
+token, when the endpoint needs one, comes from ``$KFP_TOKEN`` (never from an argument or a file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from components.errors import LaunchError
+from pipeline.kfp_pipeline import PIPELINE_NAME, compile_pipeline
+
+TOKEN_ENV = "KFP_TOKEN"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run_id: str
+    run_url: str
+    pipeline_id: str
+    version_id: str
+    experiment_id: str
+
+
+def _version_name(package: Path) -> str:
+    digest = hashlib.sha256(package.read_bytes()).hexdigest()[:12]
+    return f"{metadata.version('flowgrpo-mlops')}-{digest}"
+
+
+def _pipeline_version(client, package: Path) -> tuple[str, str]:
+    """(pipeline id, version id) of this compiled package, uploading what is missing: the pipeline the first
+    time, then one version per distinct package."""
+    version_name = _version_name(package)
+    pipeline_id = client.get_pipeline_id(PIPELINE_NAME)
+    if pipeline_id is None:
+        pipeline_id = client.upload_pipeline(str(package), pipeline_name=PIPELINE_NAME).pipeline_id
+    for version in client.list_pipeline_versions(pipeline_id, page_size=200).pipeline_versions or []:
+        if version.display_name == version_name:
+            return pipeline_id, version.pipeline_version_id
+    version = client.upload_pipeline_version(str(package), pipeline_version_name=version_name,
+                                             pipeline_id=pipeline_id)
+    return pipeline_id, version.pipeline_version_id
+
+
+def submit(host: str, *, experiment: str, run_name: str, arguments: dict, namespace: str | None = None,
+           eval_gpus: int = 1) -> Submitted:
+    """Compile, upload (if new), and create a run of it in ``experiment``."""
+    import kfp
+    from kfp_server_api.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        client = kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
+        with tempfile.TemporaryDirectory(prefix="flowgrpo-submit-") as tmp:
+            package = compile_pipeline(Path(tmp) / "flowgrpo_pipeline.yaml", eval_gpus=eval_gpus)
+            pipeline_id, version_id = _pipeline_version(client, package)
+        exp = client.create_experiment(experiment, namespace=namespace)
+        run = client.run_pipeline(experiment_id=exp.experiment_id, job_name=run_name, params=arguments,
+                                  pipeline_id=pipeline_id, version_id=version_id)
+    except ApiException as exc:
+        raise LaunchError(f"Kubeflow Pipelines at {host} answered {exc.status} {exc.reason}: "
+                          f"{(exc.body or '').strip()[:300]}") from exc
+    except (HTTPError, OSError) as exc:
+        raise LaunchError(f"cannot reach Kubeflow Pipelines at {host}: {exc}") from exc
+    return Submitted(run.run_id, f"{host.rstrip('/')}/#/runs/details/{run.run_id}", pipeline_id, version_id,
+                     exp.experiment_id)

@@ -1,0 +1,269 @@
+"""The pipeline's steps as plain functions.
+
+Each KFP component in ``pipeline/kfp_pipeline.py`` is a thin wrapper over one of these, so they run (and are
+tested) without KFP. A step learns where it runs from the environment: ``$FLOWGRPO_LOCAL_STATE_DIR`` (set
+by ``flowgrpo run --local``) means on this machine (reward server as a process, training on a local Ray),
+otherwise in a cluster (reward server as a Deployment, training as a KubeRay RayJob).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from components import storage
+from components.console import status_line
+from components.errors import DataError
+from pipeline.config import ExperimentConfig
+
+LOCAL_STATE_ENV = "FLOWGRPO_LOCAL_STATE_DIR"
+Log = Callable[[str], None]
+
+
+def local_state_dir() -> Path | None:
+    """The `run --local` work directory when this step runs locally, else None (in a cluster)."""
+    value = os.environ.get(LOCAL_STATE_ENV)
+    return Path(value) if value else None
+
+
+def run_output(storage_root: str, run_id: str) -> str:
+    """Where a pipeline run's training writes (checkpoints, metrics, samples, the LoRA, the evaluation)."""
+    return storage.join(storage_root, "runs", run_id)
+
+
+def _validated(config: ExperimentConfig, **changes: dict) -> ExperimentConfig:
+    """``config`` with some sections replaced, validated again (model_copy would skip the validators)."""
+    data = config.model_dump(mode="json")
+    for section, values in changes.items():
+        data[section] = {**data[section], **values}
+    return ExperimentConfig.model_validate(data)
+
+
+# -- prepare_dataset ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedRef:
+    uri: str
+    manifest: dict
+    reused: bool
+
+
+def _source_bytes(config: ExperimentConfig, scratch: Path) -> tuple[str, bytes]:
+    """The source prepare_dataset reads, and its bytes (they key the cache): ``dataset.source`` as given,
+    else the rows of ``data:`` written as JSONL."""
+    from components.dataset.prepare import BUILTIN_PREFIX, builtin_source
+    from components.dataset.prompts import load_prompt_rows
+
+    source = config.dataset.source
+    if source is None:
+        rows = load_prompt_rows(config.data)
+        text = "".join(json.dumps({"prompt": r.prompt, **r.metadata}, ensure_ascii=False) + "\n" for r in rows)
+        path = scratch / "prompts.jsonl"
+        path.write_text(text, encoding="utf-8")
+        return str(path), text.encode()
+    if source.startswith(BUILTIN_PREFIX):
+        return source, builtin_source(source[len(BUILTIN_PREFIX):]).read_bytes()
+    if storage.is_remote(source):
+        return source, storage.get_bytes(source)
+    if not Path(source).is_file():
+        raise DataError(f"dataset.source: {source} does not exist or is not a file")
+    return source, Path(source).read_bytes()
+
+
+def prepare(config: ExperimentConfig, storage_root: str, log: Log = status_line) -> PreparedRef:
+    """Validate and split the run's prompts into ``STORAGE_ROOT/datasets/<key>``, where the key hashes the
+    source's content and the preparation options: the same inputs are prepared once and then reused (also
+    without KFP's cache). A ``data.path`` that is already a prepared dataset is used as it is."""
+    from components.dataset.prepare import prepare_dataset
+    from components.dataset.prepared import read_manifest
+    from components.dataset.prompts import is_prepared
+
+    opts = config.dataset
+    if opts.source is None and config.data.path is not None and is_prepared(config.data.path):
+        log(f"dataset: {config.data.path} is already prepared; using it as it is")
+        return PreparedRef(config.data.path, read_manifest(config.data.path), True)
+    with tempfile.TemporaryDirectory(prefix="flowgrpo-dataset-") as tmp:
+        source, content = _source_bytes(config, Path(tmp))
+        options = {"kind": opts.kind, "test_fraction": opts.test_fraction, "seed": opts.seed,
+                   "max_prompt_tokens": opts.max_prompt_tokens}
+        key = hashlib.sha256(hashlib.sha256(content).digest() + json.dumps(options, sort_keys=True).encode())
+        uri = storage.join(storage_root, "datasets", key.hexdigest()[:16])
+        if storage.exists(storage.join(uri, "manifest.json")):
+            log(f"dataset: reusing {uri} (same prompts and options as an earlier run)")
+            return PreparedRef(uri, read_manifest(uri), True)
+        result = prepare_dataset(source, uri, kind=opts.kind, test_fraction=opts.test_fraction, seed=opts.seed,
+                                 max_prompt_tokens=opts.max_prompt_tokens, progress=log)
+    rows = result.manifest["rows"]
+    log(f"dataset: {uri}: {rows['train']} train / {rows['test']} test rows, {rows['rejected']} rejected")
+    return PreparedRef(uri, result.manifest, False)
+
+
+# -- reward server -----------------------------------------------------------------------------------------
+
+
+def deploy_reward_server(config: ExperimentConfig, run_id: str, log: Log = status_line) -> str:
+    """Start the run's reward server (a process locally, a Deployment + Service in the cluster); its URL."""
+    from components.reward_server.deploy import reward_server_name
+
+    name = reward_server_name(run_id)
+    if (state := local_state_dir()) is not None:
+        from components.reward_server.local import start_local
+
+        return start_local(config, name=name, state_dir=state, timeout_s=config.reward_deploy.ready_timeout_s,
+                           log=log)
+    from components.reward_server.deploy import deploy_to_kubernetes
+
+    return deploy_to_kubernetes(config, name=name, namespace=config.cluster.namespace, run_id=run_id, log=log)
+
+
+def teardown_reward_server(config: ExperimentConfig, run_id: str, log: Log = status_line) -> None:
+    """Stop what deploy_reward_server started for ``run_id``; fine when nothing (or part of it) is there."""
+    from components.reward_server.deploy import reward_server_name
+
+    name = reward_server_name(run_id)
+    if (state := local_state_dir()) is not None:
+        from components.reward_server.local import stop_local
+
+        stop_local(name, state, log=log)
+        return
+    from components.reward_server.deploy import teardown_kubernetes
+
+    teardown_kubernetes(name, config.cluster.namespace, log=log)
+
+
+# -- train -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainedRef:
+    output: str
+    lora_uri: str
+    mlflow_run_id: str | None
+    last_metrics: dict
+
+
+def training_config(config: ExperimentConfig, dataset_uri: str, reward_url: str | None) -> ExperimentConfig:
+    """What the training step runs: the prepared train split, scored by the run's reward server; the
+    register step, not the trainer, registers the LoRA (after the evaluation)."""
+    return _validated(config, data={"prompts": None, "path": dataset_uri, "split": "train"},
+                      reward_server={"url": reward_url}, tracking={"registered_model": None})
+
+
+def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: str | None, ray_workers: int,
+          log: Log = status_line) -> TrainedRef:
+    """Train into ``output``; a retried step continues from the newest checkpoint there. Locally on
+    ``ray_workers`` local Ray Train workers (0: in this process); in a cluster as a RayJob, followed to its
+    end."""
+    from components.tracking.pipeline_runs import child_run
+    from components.trainer.metrics import describe_learning, learning_summary
+    from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE
+
+    if local_state_dir() is not None:
+        from components.trainer.loop import train as run_training
+
+        run_training(config, output, resume="auto", parent_run_id=parent_run_id, workers=ray_workers, log=log)
+    else:
+        from components.kube import submit_rayjob
+        from components.trainer.rayjob import build_rayjob
+
+        manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=parent_run_id)
+        submit_rayjob(manifest, timeout_s=config.cluster.active_deadline_seconds, log=log)
+    history = [json.loads(line) for line in storage.get_bytes(storage.join(output, METRICS_FILE)).decode().splitlines()
+               if line.strip()]
+    if history:
+        log(describe_learning(learning_summary(history)))
+    last = history[-1] if history else {}
+    # The trainer names its MLflow run after the output folder, under the pipeline's parent run.
+    mlflow_run = child_run(parent_run_id, PurePosixPath(output.rstrip("/")).name) if parent_run_id else None
+    return TrainedRef(output, storage.join(output, FINAL_LORA_DIR), mlflow_run, last)
+
+
+# -- evaluate ----------------------------------------------------------------------------------------------
+
+
+def training_history(lora: str, metrics: str | None = None) -> list[dict]:
+    """The run's metrics.jsonl: ``metrics``, else the one beside a run's lora/ folder when it is there."""
+    if metrics is None:
+        if not lora.rstrip("/").endswith("/lora"):
+            return []
+        metrics = storage.join(lora.rstrip("/")[: -len("/lora")], "metrics.jsonl")
+        if not storage.exists(metrics):
+            return []
+    return [json.loads(line) for line in storage.get_bytes(metrics).decode().splitlines() if line.strip()]
+
+
+def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list[dict],
+             parent_run_id: str | None, registered_model: tuple[str, str] | None = None,
+             log: Log = status_line):
+    """Evaluate ``lora`` against the base model into ``output`` (eval.json, report.html), as an MLflow run
+    (a child of ``parent_run_id``) when tracking is on; apply the gate to ``registered_model`` (name,
+    version) when given. Returns the EvalResult."""
+    from components.evaluate.evaluate import evaluate as run_evaluation
+    from components.tracking.registry import apply_gate
+    from components.tracking.tracker import open_tracker
+
+    tracker = open_tracker(config.tracking.experiment, "evaluate", parent_run_id=parent_run_id,
+                           system_metrics=False, log=log)
+    status = "FAILED"
+    try:
+        result = run_evaluation(config, config.evaluation_rewards(), config.eval, lora, output, history=history,
+                                log=log)
+        for key, row in result.summary["rewards"].items():
+            tracker.log_metrics({f"eval/{key}/{k}": v for k, v in row.items()}, step=0)
+            log(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
+                f"{row['ci_level']:.0%} CI [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}], n {row['n']})")
+        gate = result.summary["gate"]
+        tracker.set_tags({"flowgrpo.gate": "promoted" if gate["promoted"] else "refused",
+                          "flowgrpo.gate_reason": gate["reason"]})
+        for path in (result.eval_path, result.report_path):
+            tracker.log_artifact(path)
+        for warning in result.summary["warnings"]:
+            log(f"warning: {warning}")
+        log(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
+        if registered_model is not None:
+            apply_gate(*registered_model, gate["promoted"], gate["reason"], gate["alias"], log=log)
+        status = "FINISHED"
+        return result
+    finally:
+        tracker.close(status)
+
+
+def evaluation_config(config: ExperimentConfig, dataset_uri: str) -> ExperimentConfig:
+    """Evaluation reads the prepared dataset (its held-out test split) in-process, not via the reward server."""
+    return _validated(config, data={"prompts": None, "path": dataset_uri, "split": "train"},
+                      reward_server={"url": None})
+
+
+# -- register ----------------------------------------------------------------------------------------------
+
+
+def register(config: ExperimentConfig, lora_uri: str, train_run_id: str | None, *, promoted: bool, reason: str,
+             log: Log = status_line) -> str | None:
+    """Register the LoRA as a new version of ``tracking.registered_model`` (logged into the training run, with
+    its lineage tags) and apply the gate's verdict to it; "NAME/VERSION", or None when there is no registry
+    (tracking off, no model name, no training run)."""
+    from components.tracking.pipeline_runs import lineage_of, register_lora_version, tracking_uri
+    from components.tracking.registry import apply_gate
+
+    name = config.tracking.registered_model
+    if tracking_uri() is None or not name or train_run_id is None:
+        why = ("MLFLOW_TRACKING_URI is not set" if tracking_uri() is None else
+               "tracking.registered_model is null" if not name else "the training run has no MLflow run")
+        log(f"register: skipped ({why}); the LoRA stays at {lora_uri}")
+        return None
+    with tempfile.TemporaryDirectory(prefix="flowgrpo-register-") as tmp:
+        source = Path(lora_uri)
+        if storage.is_remote(lora_uri):
+            source = Path(tmp) / "lora"
+            storage.download_dir(lora_uri, source)
+        tags = {**lineage_of(train_run_id), "flowgrpo.lora_uri": lora_uri}
+        version = register_lora_version(train_run_id, name, source, config.model.model_dump(mode="json"),
+                                        config.seed, tags, log=log)
+    apply_gate(name, version, promoted, reason, config.eval.gate.alias, log=log)
+    return f"{name}/{version}"

@@ -1,0 +1,200 @@
+"""`flowgrpo run --local`: the whole pipeline under kfp.local with real SeaweedFS, MLflow, reward server and
+Ray; then what it left (S3 objects, MLflow runs, the registered model, the report), the cached dataset step
+on a second run, Ctrl-C, and a failing training step that still tears the reward server down."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipeline.local_run import BUCKET, local_services
+
+pytestmark = pytest.mark.slow
+CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
+          "sampling.eval_num_steps=6"]
+STEPS = ["prepare-dataset", "deploy-reward-server", "train", "evaluate", "register", "teardown"]
+
+
+def _flowgrpo(workdir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "run", "--local", "--workdir", str(workdir), *args]
+
+
+def _clean_env() -> dict[str, str]:
+    # The run starts its own services; nothing of the test session's may leak in.
+    drop = ("MLFLOW_TRACKING_URI", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RAY_ADDRESS")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _processes_under(workdir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(workdir) in cmdline and proc.pid != os.getpid():
+            found.append(proc)
+    return found
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    workdir = tmp_path_factory.mktemp("local") / "wd"
+    done = subprocess.run(_flowgrpo(workdir, *CONFIG), capture_output=True, text=True, timeout=900,
+                          env=_clean_env())
+    return workdir, done
+
+
+def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_run):
+    workdir, done = first_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    for step in STEPS:  # each step shown starting and ending with its duration, in order
+        assert re.search(rf"^▶ {step}$", out, re.M) and re.search(rf"^✓ {step} \(\d+\.\d s\)$", out, re.M), step
+    assert [m.group(1) for m in re.finditer(r"^▶ (\S+)$", out, re.M)] == STEPS
+    assert re.search(r"^  .*epoch 3/3 reward", out, re.M)  # the training progress inside its step
+    assert "Got executor_input" not in out  # kfp's chatter stays in the log file
+    printed = dict(re.findall(r"^(MLflow run|report|LoRA|registered model|log): (\S+)", out, re.M))
+    report = Path(printed["report"])
+    assert report.is_file() and report.suffix == ".html" and "brightness" in report.read_text()
+    assert Path(printed["log"]).is_file() and "Got executor_input" in Path(printed["log"]).read_text()
+    lora = printed["LoRA"]
+    assert re.fullmatch(rf"s3://{BUCKET}/runs/[^/]+/lora", lora)
+    assert printed["registered model"] == "flowgrpo-lora/1"
+
+    # Nothing left running, no temporary files left behind.
+    assert _processes_under(workdir) == []
+    assert not list(workdir.glob("tmp-*")) and not list((workdir / "reward-servers").glob("*.json"))
+
+    # Serve the state again (as `flowgrpo ui` does) and look at what the run left.
+    from mlflow import MlflowClient
+
+    from components import storage
+
+    with local_services(workdir) as env:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            run_root = lora[: -len("/lora")]
+            keys = {k[len(run_root) + 1:] for k in storage.list(run_root)}
+            assert {"metrics.jsonl", "config.yaml", "checkpoints/latest", "checkpoints/epoch-000002/_MANIFEST.json",
+                    "lora/pytorch_lora_weights.safetensors", "eval/report.html", "eval/eval.json"} <= keys
+            datasets = storage.list(f"s3://{BUCKET}/datasets")
+            assert any(k.endswith("/manifest.json") for k in datasets) and any(k.endswith("/test.parquet")
+                                                                               for k in datasets)
+            config = storage.get_bytes(f"{run_root}/config.yaml").decode()
+            assert f"path: s3://{BUCKET}/datasets/" in config  # trained on the prepared dataset
+            assert "url: http://127.0.0.1:" in config  # scored over HTTP by the run's reward server
+
+            client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+            parent_id = printed["MLflow run"].rsplit("/", 1)[1]
+            parent = client.get_run(parent_id)
+            assert parent.info.status == "FINISHED" and "flowgrpo.pipeline_run_id" in parent.data.tags
+            children = client.search_runs([parent.info.experiment_id],
+                                          f"tags.mlflow.parentRunId = '{parent_id}'")
+            by_name = {r.info.run_name: r for r in children}
+            assert "evaluate" in by_name and len(children) == 2
+            (train_run,) = [r for r in children if r.info.run_name != "evaluate"]
+            history = client.get_metric_history(train_run.info.run_id, "reward/mean")
+            assert [m.step for m in history] == [1, 2, 3]
+            images = [f.path for f in client.list_artifacts(train_run.info.run_id, "images")]
+            assert any("samples+step+3+" in p for p in images)
+            evaluate = by_name["evaluate"]
+            assert "eval/brightness/delta" in evaluate.data.metrics
+            assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
+
+            version = client.get_model_version("flowgrpo-lora", "1")
+            assert version.run_id == train_run.info.run_id
+            assert version.tags["flowgrpo.lora_uri"] == lora
+            assert version.tags["flowgrpo.gate"] == evaluate.data.tags["flowgrpo.gate"]
+            model_files = storage.list(f"s3://{BUCKET}/mlflow")
+            assert any(k.endswith("MLmodel") for k in model_files)  # the registered model's artifacts are in S3
+            assert any(k.endswith("pytorch_lora_weights.safetensors") for k in model_files)
+        finally:
+            for key, value in old.items():
+                os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+
+
+def test_second_run_reuses_dataset_and_ctrl_c_stops_everything(first_run):
+    workdir, done = first_run
+    assert done.returncode == 0
+    proc = subprocess.Popen(_flowgrpo(workdir, "--ray-workers", "0", *CONFIG), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_clean_env())
+    lines = []
+    deadline = time.monotonic() + 600
+    for line in proc.stdout:
+        lines.append(line)
+        if "epoch 1/3 reward" in line or time.monotonic() > deadline:
+            break
+    started = psutil.Process(proc.pid).children(recursive=True)
+    record = json.loads(next((workdir / "reward-servers").glob("*.json")).read_text())
+    assert started and psutil.pid_exists(record["pid"])
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert proc.returncode == 130, output[-3000:]
+    assert re.search(r"^✓ prepare-dataset \(cached", output, re.M)  # same inputs: KFP's cache answered
+    time.sleep(1)
+    assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert not psutil.pid_exists(record["pid"]) or psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert _processes_under(workdir) == []
+
+
+def test_failing_training_step_still_tears_the_reward_server_down(first_run, tmp_path):
+    workdir, _ = first_run
+    model = tmp_path / "not-a-model"
+    model.mkdir()
+    (model / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
+    done = subprocess.run(_flowgrpo(workdir, "--ray-workers", "0", *CONFIG, "model.kind=diffusers",
+                                    f"model.path={model}"),
+                          capture_output=True, text=True, timeout=600, env=_clean_env())
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"^✗ train failed after", done.stdout, re.M)
+    assert re.search(r"^✓ teardown", done.stdout, re.M)  # the exit handler ran after the failure
+    assert not re.search(r"^▶ (evaluate|register)$", done.stdout, re.M)
+    (error,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert "step 'train' failed: ModelLoadError: model.path" in error and str(workdir / "logs") in error
+    assert "dataset: reusing" in done.stdout  # a changed config, same prompts: the content-addressed dataset
+    assert not list((workdir / "reward-servers").glob("*.json"))
+    assert _processes_under(workdir) == []
+
+
+def test_ui_serves_mlflow_with_images_over_the_local_state(first_run):
+    workdir, done = first_run
+    assert done.returncode == 0
+    from pipeline.services.seaweed import free_ports
+
+    (port,) = free_ports(1)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ui", "--workdir", str(workdir), "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_clean_env())
+    try:
+        for line in proc.stdout:
+            if f"MLflow UI: http://127.0.0.1:{port}" in line:
+                break
+        from mlflow import MlflowClient
+
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        parent_id = re.search(r"^MLflow run: \S+/runs/(\w+)", done.stdout, re.M).group(1)
+        (train_run,) = [r for r in client.search_runs([client.get_run(parent_id).info.experiment_id],
+                                                      f"tags.mlflow.parentRunId = '{parent_id}'")
+                        if r.info.run_name != "evaluate"]
+        png = next(f.path for f in client.list_artifacts(train_run.info.run_id, "images") if f.path.endswith(".png"))
+        # The image bytes come from the local S3 through MLflow's artifact proxy, as the UI shows them.
+        import urllib.parse
+        import urllib.request
+
+        query = urllib.parse.urlencode({"path": png, "run_uuid": train_run.info.run_id})
+        url = f"http://127.0.0.1:{port}/get-artifact?{query}"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            assert resp.read(8) == b"\x89PNG\r\n\x1a\n"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert _processes_under(workdir) == []
