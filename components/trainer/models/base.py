@@ -44,13 +44,19 @@ class PromptEmbeddings:
         return PromptEmbeddings({k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors})
 
 
+# The joint (text + image) attention of the MMDiT families (SD3, FLUX, Qwen-Image) and upstream flow_grpo's
+# LoRA targets for all three.
+JOINT_ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                           "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+
+
 class FlowMatchingModel(ABC):
     """A diffusers pipeline seen through the operations FlowGRPO needs."""
 
     guidance_mode: GuidanceMode = "cfg"
     batch_cfg = True  # the negative pass shares the prompt's forward (same text length in the batch)
     linear_sigmas = False  # the pipeline hands the scheduler np.linspace(1, 1/N, N) (FLUX, Qwen-Image)
-    lora_targets: tuple[str, ...] = ()  # the upstream attention targets, named in error messages
+    lora_targets: tuple[str, ...] = JOINT_ATTENTION_TARGETS  # named in error messages
 
     def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
         self.pipeline = pipeline

@@ -10,14 +10,10 @@ import torch
 
 from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
 
-ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
-
 
 class QwenImageModel(PackedLatentModel):
     guidance_mode = "true_cfg"
     batch_cfg = False
-    lora_targets = ATTENTION_TARGETS
 
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         # the pipeline enables true CFG only with a negative prompt (an empty one counts)

@@ -6,13 +6,8 @@ import torch
 
 from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
 
-ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-                     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
-
 
 class SD3Model(FlowMatchingModel):
-    lora_targets = ATTENTION_TARGETS
-
     def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
         super().__init__(pipeline, device, dtype, negative_prompt)
         # the pipeline's default T5 length, or the (tiny) tokenizer's if shorter
