@@ -69,7 +69,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     result = steps.evaluate(config, args.lora, Path(args.output),
                             history=steps.training_history(args.lora, args.metrics),
                             parent_run_id=args.mlflow_parent_run_id,
-                            registered_model=(name, version) if args.registered_model else None)
+                            registered_model=(name, version) if args.registered_model else None, say=print)
     print(f"eval: {result.eval_path}  report: {result.report_path}")
     return 0
 

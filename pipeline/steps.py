@@ -200,10 +200,11 @@ def training_history(lora: str, metrics: str | None = None) -> list[dict]:
 
 def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list[dict],
              parent_run_id: str | None, registered_model: tuple[str, str] | None = None,
-             log: Log = status_line):
+             log: Log = status_line, say: Log = status_line):
     """Evaluate ``lora`` against the base model into ``output`` (eval.json, report.html), as an MLflow run
     (a child of ``parent_run_id``) when tracking is on; apply the gate to ``registered_model`` (name,
-    version) when given. Returns the EvalResult."""
+    version) when given. Progress goes to ``log``, the results (per-reward deltas, warnings, verdict) to
+    ``say``. Returns the EvalResult."""
     from components.evaluate.evaluate import evaluate as run_evaluation
     from components.tracking.registry import apply_gate
     from components.tracking.tracker import open_tracker
@@ -216,7 +217,7 @@ def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list
                                 log=log)
         for key, row in result.summary["rewards"].items():
             tracker.log_metrics({f"eval/{key}/{k}": v for k, v in row.items()}, step=0)
-            log(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
+            say(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
                 f"{row['ci_level']:.0%} CI [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}], n {row['n']})")
         gate = result.summary["gate"]
         tracker.set_tags({"flowgrpo.gate": "promoted" if gate["promoted"] else "refused",
@@ -224,8 +225,8 @@ def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list
         for path in (result.eval_path, result.report_path):
             tracker.log_artifact(path)
         for warning in result.summary["warnings"]:
-            log(f"warning: {warning}")
-        log(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
+            say(f"warning: {warning}")
+        say(f"gate: {'PROMOTE' if gate['promoted'] else 'REFUSE'}: {gate['reason']}")
         if registered_model is not None:
             apply_gate(*registered_model, gate["promoted"], gate["reason"], gate["alias"], log=log)
         status = "FINISHED"
