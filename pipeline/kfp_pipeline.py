@@ -151,8 +151,9 @@ def _step(task: dsl.PipelineTask, name: str, *, timeout_s: int, retries: int = 0
     return _with_secrets(task)
 
 
-def build_pipeline(eval_gpus: int = 1):
-    """The pipeline function; ``eval_gpus`` GPUs (0: CPU) for the evaluation pod, on the GPU node pool."""
+def build_pipeline(eval_gpus: int = 1, retries: bool = True):
+    """The pipeline function; ``eval_gpus`` GPUs (0: CPU) for the evaluation pod, on the GPU node pool.
+    ``retries`` False (local runs) shows a failure at once instead of retrying a step after a back-off."""
 
     @dsl.pipeline(name=PIPELINE_NAME, description="FlowGRPO: online RL fine-tuning of a flow-matching "
                   "text-to-image model with LoRA, evaluated against the base model and registered in MLflow")
@@ -172,31 +173,34 @@ def build_pipeline(eval_gpus: int = 1):
             ray_workers: local runs only: Ray Train workers (0 = in the step's process); in a cluster the RayJob
                 has cluster.workers.replicas workers.
         """
+        def step(task: dsl.PipelineTask, name: str, *, timeout_s: int, tries: int = 0, cache: bool = False):
+            return _step(task, name, timeout_s=timeout_s, retries=tries if retries else 0, cache=cache)
+
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         run_name = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
-        exit_task = _step(teardown(config=config, overrides=overrides, run_id=run_id), "teardown reward server",
-                          timeout_s=HOUR, retries=2)
+        exit_task = step(teardown(config=config, overrides=overrides, run_id=run_id), "teardown reward server",
+                         timeout_s=HOUR, tries=2)
         with dsl.ExitHandler(exit_task, name="flowgrpo run"):
-            data = _step(prepare_dataset(config=config, overrides=overrides, storage_root=storage_root),
-                         "prepare dataset", timeout_s=HOUR, retries=2, cache=True)
-            server = _step(deploy_reward_server(config=config, overrides=overrides, run_id=run_id),
-                           "deploy reward server", timeout_s=HOUR, retries=1)
+            data = step(prepare_dataset(config=config, overrides=overrides, storage_root=storage_root),
+                        "prepare dataset", timeout_s=HOUR, tries=2, cache=True)
+            server = step(deploy_reward_server(config=config, overrides=overrides, run_id=run_id),
+                          "deploy reward server", timeout_s=HOUR, tries=1)
             server.after(data)  # no server (GPU replicas, a judge) is started for a dataset that fails validation
-            trained = _step(train(config=config, overrides=overrides, storage_root=storage_root, run_id=run_id,
-                                  run_name=run_name, ray_workers=ray_workers, dataset=data.outputs["dataset"],
-                                  reward_url=server.output),
-                            "train (RayJob)", timeout_s=7 * 24 * HOUR, retries=1)  # a retry resumes
-            evaluated = _step(evaluate(config=config, overrides=overrides, run_id=run_id, run_name=run_name,
-                                       dataset=data.outputs["dataset"], model=trained.outputs["model"]),
-                              "evaluate", timeout_s=12 * HOUR, retries=1)
+            trained = step(train(config=config, overrides=overrides, storage_root=storage_root, run_id=run_id,
+                                 run_name=run_name, ray_workers=ray_workers, dataset=data.outputs["dataset"],
+                                 reward_url=server.output),
+                           "train (RayJob)", timeout_s=7 * 24 * HOUR, tries=1)  # a retry resumes
+            evaluated = step(evaluate(config=config, overrides=overrides, run_id=run_id, run_name=run_name,
+                                      dataset=data.outputs["dataset"], model=trained.outputs["model"]),
+                             "evaluate", timeout_s=12 * HOUR, tries=1)
             kubernetes.add_pod_label(evaluated, "app.kubernetes.io/component", "evaluate")
             if eval_gpus:
                 evaluated.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(eval_gpus)
                 kubernetes.add_toleration(evaluated, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
                 kubernetes.add_node_selector(evaluated, GPU_NODE_LABEL, "true")
-            _step(register(config=config, overrides=overrides, model=trained.outputs["model"],
-                           promoted=evaluated.outputs["promoted"], reason=evaluated.outputs["reason"]),
-                  "register", timeout_s=HOUR, retries=2)
+            step(register(config=config, overrides=overrides, model=trained.outputs["model"],
+                          promoted=evaluated.outputs["promoted"], reason=evaluated.outputs["reason"]),
+                 "register", timeout_s=HOUR, tries=2)
 
     return flowgrpo
 

@@ -182,7 +182,8 @@ def local_services(workdir: Path, mlflow_port: int | None = None, log=status_lin
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
+def patched_environ(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set, restored on exit."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -275,7 +276,7 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
     progress = None
     before = _children()
     try:
-        with local_services(workdir, log=log) as service_env, _environment({
+        with local_services(workdir, log=log) as service_env, patched_environ({
             **service_env, LOCAL_STATE_ENV: str(workdir), "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
             "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
             "RAY_TMPDIR": str(ray_tmp),
@@ -290,8 +291,8 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
             with contextlib.redirect_stdout(progress), warnings.catch_warnings(), _cache_hits_to(progress):
                 # kfp.local warns that the images are not used and that k8s settings are ignored: both known.
                 warnings.simplefilter("ignore")
-                build_pipeline(eval_gpus=0)(config=dump_config(config), overrides=[], storage_root=STORAGE_ROOT,
-                                            ray_workers=ray_workers)
+                pipeline = build_pipeline(eval_gpus=0, retries=False)
+                pipeline(config=dump_config(config), overrides=[], storage_root=STORAGE_ROOT, ray_workers=ray_workers)
             progress.close()
             job_dir = _newest_job(workdir / "pipeline-root")
             if progress.failed:

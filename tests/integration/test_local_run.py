@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.local_run import BUCKET, local_services
+from pipeline.local_run import BUCKET, local_services, patched_environ
 
 pytestmark = pytest.mark.slow
 CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
@@ -77,48 +77,42 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
 
     from components import storage
 
-    with local_services(workdir) as env:
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            run_root = lora[: -len("/lora")]
-            keys = {k[len(run_root) + 1:] for k in storage.list(run_root)}
-            assert {"metrics.jsonl", "config.yaml", "checkpoints/latest", "checkpoints/epoch-000002/_MANIFEST.json",
-                    "lora/pytorch_lora_weights.safetensors", "eval/report.html", "eval/eval.json"} <= keys
-            datasets = storage.list(f"s3://{BUCKET}/datasets")
-            assert any(k.endswith("/manifest.json") for k in datasets) and any(k.endswith("/test.parquet")
-                                                                               for k in datasets)
-            config = storage.get_bytes(f"{run_root}/config.yaml").decode()
-            assert f"path: s3://{BUCKET}/datasets/" in config  # trained on the prepared dataset
-            assert "url: http://127.0.0.1:" in config  # scored over HTTP by the run's reward server
+    with local_services(workdir) as env, patched_environ(env):
+        run_root = lora[: -len("/lora")]
+        keys = {k[len(run_root) + 1:] for k in storage.list(run_root)}
+        assert {"metrics.jsonl", "config.yaml", "checkpoints/latest", "checkpoints/epoch-000002/_MANIFEST.json",
+                "lora/pytorch_lora_weights.safetensors", "eval/report.html", "eval/eval.json"} <= keys
+        datasets = storage.list(f"s3://{BUCKET}/datasets")
+        assert any(k.endswith("/manifest.json") for k in datasets) and any(k.endswith("/test.parquet")
+                                                                           for k in datasets)
+        config = storage.get_bytes(f"{run_root}/config.yaml").decode()
+        assert f"path: s3://{BUCKET}/datasets/" in config  # trained on the prepared dataset
+        assert "url: http://127.0.0.1:" in config  # scored over HTTP by the run's reward server
 
-            client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-            parent_id = printed["MLflow run"].rsplit("/", 1)[1]
-            parent = client.get_run(parent_id)
-            assert parent.info.status == "FINISHED" and "flowgrpo.pipeline_run_id" in parent.data.tags
-            children = client.search_runs([parent.info.experiment_id],
-                                          f"tags.mlflow.parentRunId = '{parent_id}'")
-            by_name = {r.info.run_name: r for r in children}
-            assert "evaluate" in by_name and len(children) == 2
-            (train_run,) = [r for r in children if r.info.run_name != "evaluate"]
-            history = client.get_metric_history(train_run.info.run_id, "reward/mean")
-            assert [m.step for m in history] == [1, 2, 3]
-            images = [f.path for f in client.list_artifacts(train_run.info.run_id, "images")]
-            assert any("samples+step+3+" in p for p in images)
-            evaluate = by_name["evaluate"]
-            assert "eval/brightness/delta" in evaluate.data.metrics
-            assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        parent_id = printed["MLflow run"].rsplit("/", 1)[1]
+        parent = client.get_run(parent_id)
+        assert parent.info.status == "FINISHED" and "flowgrpo.pipeline_run_id" in parent.data.tags
+        children = client.search_runs([parent.info.experiment_id],
+                                      f"tags.mlflow.parentRunId = '{parent_id}'")
+        by_name = {r.info.run_name: r for r in children}
+        assert "evaluate" in by_name and len(children) == 2
+        (train_run,) = [r for r in children if r.info.run_name != "evaluate"]
+        history = client.get_metric_history(train_run.info.run_id, "reward/mean")
+        assert [m.step for m in history] == [1, 2, 3]
+        images = [f.path for f in client.list_artifacts(train_run.info.run_id, "images")]
+        assert any("samples+step+3+" in p for p in images)
+        evaluate = by_name["evaluate"]
+        assert "eval/brightness/delta" in evaluate.data.metrics
+        assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
 
-            version = client.get_model_version("flowgrpo-lora", "1")
-            assert version.run_id == train_run.info.run_id
-            assert version.tags["flowgrpo.lora_uri"] == lora
-            assert version.tags["flowgrpo.gate"] == evaluate.data.tags["flowgrpo.gate"]
-            model_files = storage.list(f"s3://{BUCKET}/mlflow")
-            assert any(k.endswith("MLmodel") for k in model_files)  # the registered model's artifacts are in S3
-            assert any(k.endswith("pytorch_lora_weights.safetensors") for k in model_files)
-        finally:
-            for key, value in old.items():
-                os.environ.pop(key) if value is None else os.environ.__setitem__(key, value)
+        version = client.get_model_version("flowgrpo-lora", "1")
+        assert version.run_id == train_run.info.run_id
+        assert version.tags["flowgrpo.lora_uri"] == lora
+        assert version.tags["flowgrpo.gate"] == evaluate.data.tags["flowgrpo.gate"]
+        model_files = storage.list(f"s3://{BUCKET}/mlflow")
+        assert any(k.endswith("MLmodel") for k in model_files)  # the registered model's artifacts are in S3
+        assert any(k.endswith("pytorch_lora_weights.safetensors") for k in model_files)
 
 
 def test_second_run_reuses_dataset_and_ctrl_c_stops_everything(first_run):
@@ -197,4 +191,23 @@ def test_ui_serves_mlflow_with_images_over_the_local_state(first_run):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+    assert _processes_under(workdir) == []
+
+
+def test_run_local_with_a_tiny_flux_config(first_run):
+    """The pipeline is family-agnostic: the tiny FLUX.1 config runs every step (in-process training)."""
+    workdir, _ = first_run
+    done = subprocess.run(_flowgrpo(workdir, "--ray-workers", "0", "--config", "pipeline/configs/tiny-flux-cpu.yaml",
+                                    *CONFIG), capture_output=True, text=True, timeout=600, env=_clean_env(),
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [m.group(1) for m in re.finditer(r"^✓ (\S+)", done.stdout, re.M)] == STEPS
+    lora = re.search(r"^LoRA: (\S+)", done.stdout, re.M).group(1)
+    assert re.search(r"^registered model: tiny-flux-lora/\d+$", done.stdout, re.M)
+    from components import storage
+
+    with local_services(workdir) as env, patched_environ(env):
+        config = storage.get_bytes(lora[: -len("/lora")] + "/config.yaml").decode()
+        assert "kind: tiny-flux" in config and "guidance_scale: 3.5" in config
+        assert storage.exists(lora + "/pytorch_lora_weights.safetensors")
     assert _processes_under(workdir) == []

@@ -106,3 +106,16 @@ def test_config_parameter_forms():
         config_from_parameter("no-such-config")
     with pytest.raises(ConfigError, match=r"train\.epochs"):
         config_from_parameter("train: {epochs: 0}")
+
+
+def test_local_variant_has_no_retries(tmp_path):
+    from kfp import compiler
+
+    from pipeline.kfp_pipeline import build_pipeline
+
+    path = tmp_path / "local.yaml"
+    compiler.Compiler().compile(build_pipeline(eval_gpus=0, retries=False), str(path))
+    spec, _ = yaml.safe_load_all(path.read_text())
+    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert all("retryPolicy" not in task for task in inner.values())
+    assert "retryPolicy" not in spec["root"]["dag"]["tasks"]["teardown"]
