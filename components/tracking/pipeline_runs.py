@@ -45,16 +45,24 @@ def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | No
     return run.info.run_id
 
 
-def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool) -> None:
-    """Close the pipeline's run as FINISHED or FAILED (no-op when tracking is off or it was never opened)."""
+def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool,
+                      log: Callable[[str], None] = print) -> None:
+    """Close the pipeline's run as FINISHED or FAILED (no-op when tracking is off or it was never opened). An
+    MLflow that cannot be reached is reported, not raised: the exit task's real job is the teardown."""
     if tracking_uri() is None:
         return
-    client = _client()
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        return
-    for run in client.search_runs([found.experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'"):
-        client.set_terminated(run.info.run_id, status="FINISHED" if succeeded else "FAILED")
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client = _client()
+        found = client.get_experiment_by_name(experiment)
+        runs = [] if found is None else client.search_runs(
+            [found.experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'")
+        for run in runs:
+            client.set_terminated(run.info.run_id, status="FINISHED" if succeeded else "FAILED")
+    except (MlflowException, OSError) as exc:
+        log(f"MLflow at {redact(tracking_uri() or '')}: could not close the pipeline's run: "
+            f"{redact(' '.join(str(exc).split()))[:300]}")
 
 
 def register_lora_version(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int,
