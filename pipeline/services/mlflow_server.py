@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.services.seaweed import SeaweedS3, free_ports, stop_process_group, venv_binary
+from pipeline.services.process import free_ports, running_process, venv_binary
+from pipeline.services.seaweed import SeaweedS3
 
 
 @dataclass(frozen=True)
@@ -62,23 +60,6 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
         env.update(s3.env(), MLFLOW_S3_ENDPOINT_URL=s3.endpoint)
     else:
         args += ["--artifacts-destination", str(workdir / "artifacts")]
-    log_path = workdir / "mlflow.out"
-    # Its own session, so stopping it reaches the uvicorn workers it starts.
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not _healthy(server.url):
-            if proc.poll() is not None:
-                tail = log_path.read_bytes()[-3000:].decode(errors="replace")
-                raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{tail}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"mlflow server at {server.url} not healthy within {timeout_s:g}s")
-            time.sleep(0.2)
+    with running_process(args, cwd=workdir, env=env, log_path=workdir / "mlflow.out", what="mlflow server",
+                         ready=lambda: _healthy(server.url), timeout_s=timeout_s):
         yield server
-    finally:
-        stop_process_group(proc)
-        # Sweep whatever of its group outlived the leader (or a leader that died on its own).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)

@@ -11,17 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from pipeline.services.process import free_ports, running_process, venv_binary
 
 # The admin gRPC port is fixed relative to the admin http port inside weed.
 ADMIN_GRPC_OFFSET = 10000
@@ -56,20 +54,6 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports; all sockets are held together so no port is handed out twice."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def free_admin_port(taken: set[int]) -> int:
     """A free port p whose p + 10000 is free too (weed's worker dials the admin gRPC there)."""
     for _ in range(200):
@@ -80,17 +64,6 @@ def free_admin_port(taken: set[int]) -> int:
                 and _bindable(port + ADMIN_GRPC_OFFSET):
             return port
     raise RuntimeError("no free port pair (p, p+10000) for the SeaweedFS admin server")
-
-
-def venv_binary(name: str, package: str) -> str:
-    """The ``name`` executable that pip package ``package`` put beside this interpreter (the venv's), or on PATH."""
-    beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(name)
-    if not found:
-        raise RuntimeError(f"`{name}` not found: pip install {package}")
-    return found
 
 
 def random_credentials() -> tuple[str, str]:
@@ -106,19 +79,6 @@ def _s3_answers(endpoint: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
@@ -155,23 +115,10 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
                        bucket=bucket)
     env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
     env.pop("S3_BUCKET", None)
-    # Its own session, so stopping it reaches every process it starts.
-    with open(workdir / "weed.out", "wb") as log:
-        proc = subprocess.Popen(args, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not _s3_answers(server.endpoint):
-            if proc.poll() is not None:
-                tail = (workdir / "weed.out").read_bytes()[-2000:].decode(errors="replace")
-                raise RuntimeError(f"weed mini exited with {proc.returncode}:\n{tail}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"SeaweedFS S3 at {server.endpoint} did not answer within {timeout_s:g}s")
-            time.sleep(0.2)
-        _wait_bucket(server, deadline)
+    with running_process(args, cwd=workdir, env=env, log_path=workdir / "weed.out", what="weed mini (SeaweedFS S3)",
+                         ready=lambda: _s3_answers(server.endpoint), timeout_s=timeout_s):
+        _wait_bucket(server, time.monotonic() + timeout_s)
         yield server
-    finally:
-        stop_process_group(proc)
 
 
 def _wait_bucket(server: SeaweedS3, deadline: float) -> None:

@@ -16,7 +16,8 @@ from botocore.config import Config
 
 from components import storage
 from components.errors import FlowGRPOError
-from pipeline.services.seaweed import SeaweedS3, free_ports
+from pipeline.services.process import free_ports
+from pipeline.services.seaweed import SeaweedS3
 
 MiB = 1024 * 1024
 

@@ -29,7 +29,8 @@ from components.trainer import checkpoint as ckpt
 from components.trainer.generate import generate, load_with_lora
 from components.trainer.loop import train
 from pipeline.services.mlflow_server import running_mlflow
-from pipeline.services.seaweed import SeaweedS3, free_ports
+from pipeline.services.process import free_ports
+from pipeline.services.seaweed import SeaweedS3
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",

@@ -1,0 +1,38 @@
+"""running_process: a service that dies or never gets ready is one ServiceError with its log's end; nothing of
+its process group outlives the context."""
+
+import os
+import sys
+
+import pytest
+
+from pipeline.services.process import ServiceError, running_process
+
+
+def test_exit_before_ready_reports_code_and_log(tmp_path):
+    args = [sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"]
+    with pytest.raises(ServiceError, match=r"(?s)demo exited with 3; the end of .*bad flag --x"):
+        with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out", what="demo",
+                             ready=lambda: False, timeout_s=30):
+            pass
+
+
+def test_not_ready_in_time_is_stopped(tmp_path):
+    args = [sys.executable, "-c", "import time; print('starting', flush=True); time.sleep(60)"]
+    started = []
+    with pytest.raises(ServiceError, match=r"(?s)demo was not ready within 0.5 s.*starting"):
+        with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out", what="demo",
+                             ready=lambda: started.append(1) and False, timeout_s=0.5):
+            pass
+    assert started  # readiness was polled
+    import psutil
+
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_ready_service_is_yielded_then_stopped(tmp_path):
+    args = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out", what="demo",
+                         ready=lambda: True, timeout_s=5) as proc:
+        assert proc.poll() is None
+    assert proc.poll() is not None
