@@ -145,6 +145,8 @@ class _Progress:
         self._show(f"  {text}")
 
     def close(self) -> None:
+        if self.log.closed:
+            return
         if self.buffer:
             self.write("\n")
         self.log.close()
@@ -310,7 +312,7 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
         raise
     finally:
         tempfile.tempdir = None
-        if progress is not None and not progress.log.closed:
+        if progress is not None:
             progress.close()
         _stop_descendants(before)
         stop_all_local(workdir, log=log)

@@ -174,8 +174,7 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
 
         manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=parent_run_id)
         submit_rayjob(manifest, timeout_s=config.cluster.active_deadline_seconds, log=log)
-    history = [json.loads(line) for line in storage.get_bytes(storage.join(output, METRICS_FILE)).decode().splitlines()
-               if line.strip()]
+    history = read_history(storage.join(output, METRICS_FILE))
     if history:
         log(describe_learning(learning_summary(history)))
     last = history[-1] if history else {}
@@ -187,15 +186,23 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
 # -- evaluate ----------------------------------------------------------------------------------------------
 
 
+def read_history(uri: str) -> list[dict]:
+    """The rows of a run's metrics.jsonl (a path or an s3:// URI)."""
+    return [json.loads(line) for line in storage.get_bytes(uri).decode().splitlines() if line.strip()]
+
+
 def training_history(lora: str, metrics: str | None = None) -> list[dict]:
     """The run's metrics.jsonl: ``metrics``, else the one beside a run's lora/ folder when it is there."""
+    from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE
+
     if metrics is None:
-        if not lora.rstrip("/").endswith("/lora"):
+        run, _, last = lora.rstrip("/").rpartition("/")
+        if last != FINAL_LORA_DIR or not run:
             return []
-        metrics = storage.join(lora.rstrip("/")[: -len("/lora")], "metrics.jsonl")
+        metrics = storage.join(run, METRICS_FILE)
         if not storage.exists(metrics):
             return []
-    return [json.loads(line) for line in storage.get_bytes(metrics).decode().splitlines() if line.strip()]
+    return read_history(metrics)
 
 
 def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list[dict],

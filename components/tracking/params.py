@@ -25,6 +25,12 @@ def redact(text: str) -> str:
     return _URL_USERINFO.sub(r"\g<scheme>***@", text)
 
 
+def short_error(exc: BaseException) -> str:
+    """An exception as one redacted line of at most 300 characters, for status messages."""
+    text = redact(" ".join(str(exc).split()))
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _value(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v)
     text = redact(text)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from components.tracking.params import redact
+from components.tracking.params import redact, short_error
 from components.tracking.tracker import TRACKING_URI_ENV
 
 PIPELINE_RUN_TAG = "flowgrpo.pipeline_run_id"
@@ -23,11 +23,8 @@ def _client():
     return MlflowClient(tracking_uri())
 
 
-def run_url(run_id: str) -> str:
-    """The MLflow UI address of a run."""
-    client = _client()
-    run = client.get_run(run_id)
-    return f"{redact(tracking_uri() or '').rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+def _runs_of(client, experiment_id: str, pipeline_run_id: str) -> list:
+    return client.search_runs([experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'")
 
 
 def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | None:
@@ -38,8 +35,7 @@ def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | No
     client = _client()
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
-    runs = client.search_runs([experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'", max_results=1)
-    if runs:
+    if runs := _runs_of(client, experiment_id, pipeline_run_id):
         return runs[0].info.run_id
     run = client.create_run(experiment_id, run_name=run_name, tags={PIPELINE_RUN_TAG: pipeline_run_id})
     return run.info.run_id
@@ -56,13 +52,10 @@ def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool,
     try:
         client = _client()
         found = client.get_experiment_by_name(experiment)
-        runs = [] if found is None else client.search_runs(
-            [found.experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'")
-        for run in runs:
+        for run in [] if found is None else _runs_of(client, found.experiment_id, pipeline_run_id):
             client.set_terminated(run.info.run_id, status="FINISHED" if succeeded else "FAILED")
     except (MlflowException, OSError) as exc:
-        log(f"MLflow at {redact(tracking_uri() or '')}: could not close the pipeline's run: "
-            f"{redact(' '.join(str(exc).split()))[:300]}")
+        log(f"MLflow at {redact(tracking_uri() or '')}: could not close the pipeline's run: {short_error(exc)}")
 
 
 def register_lora_version(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from components.tracking.params import redact
+from components.tracking.params import redact, short_error
 from components.tracking.tracker import TRACKING_URI_ENV
 
 
@@ -32,7 +32,7 @@ def apply_gate(name: str, version: str, promoted: bool, reason: str, alias: str,
             client.delete_registered_model_alias(name, alias)
     except MlflowException as exc:
         log(f"promotion gate: could not update {name} version {version} at {redact(uri)}: "
-            f"{redact(' '.join(str(exc).split()))[:300]}")
+            f"{short_error(exc)}")
         return False
     verdict = f"alias {alias!r} set" if promoted else "not promoted"
     log(f"promotion gate: {name} version {version} {verdict}: {reason}")

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from components.tracking.params import redact
+from components.tracking.params import redact, short_error
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
@@ -41,11 +41,6 @@ _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOU
 class _Op:
     name: str
     fn: Callable[[], None]
-
-
-def _short(exc: BaseException) -> str:
-    text = redact(" ".join(str(exc).split()))
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _is_permanent(exc: BaseException) -> bool:
@@ -128,7 +123,7 @@ class MlflowTracker(NullTracker):
                     continue
                 if failing_since is None:
                     failing_since = time.monotonic()
-                    self.log(f"MLflow at {self.uri} unreachable ({_short(exc)}); buffering "
+                    self.log(f"MLflow at {self.uri} unreachable ({short_error(exc)}); buffering "
                              f"{len(self._queue)} item(s) and retrying; training goes on")
                 with self._cond:
                     self._cond.wait(timeout=backoff)  # close() wakes us to retry at once
@@ -148,7 +143,7 @@ class MlflowTracker(NullTracker):
                 self._disabled = True
                 self._queue.clear()
         what = "tracking is off for this run" if self._disabled else "skipped"
-        self.log(f"MLflow rejected {op.name}: {_short(exc)}; {what}")
+        self.log(f"MLflow rejected {op.name}: {short_error(exc)}; {what}")
         if self._disabled:
             self._opened.set()  # stop the constructor waiting for a run that will never exist
 

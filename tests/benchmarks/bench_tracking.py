@@ -25,6 +25,7 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 from components.trainer.loop import train
 from pipeline.config import load_config
+from pipeline.local_run import patched_environ
 from pipeline.services.mlflow_server import running_mlflow
 from pipeline.services.seaweed import running_seaweed
 
@@ -39,18 +40,10 @@ def _epoch_seconds(output: str, epochs: int, tracking_env: dict[str, str]) -> fl
         if message.startswith("epoch "):
             stamps[int(message.split()[1].split("/")[0])] = time.perf_counter()
 
-    saved = {k: os.environ.get(k) for k in tracking_env}
-    os.environ.update(tracking_env)
-    try:
+    with patched_environ(tracking_env):
         config = load_config(None, [f"train.epochs={epochs}", "tracking.registered_model=null",
                                     f"tracking.experiment=bench-{uuid.uuid4().hex[:6]}"])
         train(config, output, log=log)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return (stamps[epochs] - stamps[1]) / (epochs - 1)
 
 
