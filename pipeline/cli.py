@@ -75,9 +75,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from components.trainer.config import describe_batches, epoch_split_problems
+
     config = load_config(args.config, args.overrides)
+    workers = config.cluster.workers.replicas
+    problems = epoch_split_problems(config, workers)
+    if problems:
+        raise ConfigError(f"{args.config}: on cluster.workers.replicas = {workers} workers: " + "; ".join(problems))
     n = config.sampling.prompts_per_epoch * config.sampling.group_size
     print(f"{args.config}: valid ({config.model.kind}, {config.train.epochs} epochs, {n} images per epoch)")
+    print(f"on the cluster: {describe_batches(config, workers)}")
     return 0
 
 

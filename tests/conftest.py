@@ -6,8 +6,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 SMALL = [
-    "train.epochs=2", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
-    "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=1",
+    "train.epochs=2", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
+    "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=1",
 ]
 
 

@@ -5,7 +5,7 @@ The reasons behind the tiny defaults are written in that file's comments.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -53,6 +53,15 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="model weights dtype")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto`: cuda when available")
     resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
+    offload_text_encoders: bool = Field(
+        default=False,
+        description="keep the text encoders off the accelerator once prompts are encoded: embeddings are cached "
+                    "in host memory (all prompts at start when they fit in prompt_cache_gib, the encoders then "
+                    "released; else each epoch's prompts, the encoders waiting in host memory between epochs)",
+    )
+    prompt_cache_gib: float = Field(
+        default=16.0, ge=0, description="host memory for cached prompt embeddings (offload_text_encoders)",
+    )
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
     @model_validator(mode="after")
@@ -64,6 +73,22 @@ class ModelConfig(Section):
         if self.resolution % 16:
             raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
         return self
+
+
+# Batch sizes are per worker (images in one forward pass on one worker), as upstream flow_grpo's per-GPU
+# `sample.train_batch_size` / `train.batch_size`. The old global `train.batch_size` was split across workers,
+# so a config that still spells `batch_size` is refused rather than silently changing meaning.
+SAMPLES_PER_STEP = ("samples per optimizer step = train.batch_size_per_worker x train.gradient_accumulation_steps "
+                    "x workers")
+
+
+def _refuse_renamed_batch_size(data: Any, section: str, meaning: str) -> Any:
+    if isinstance(data, dict) and "batch_size" in data:
+        raise ValueError(
+            f"{section}.batch_size was renamed {section}.batch_size_per_worker: {meaning} on ONE worker "
+            f"(the old train.batch_size was global and split across workers); {SAMPLES_PER_STEP}"
+        )
+    return data
 
 
 class SDEWindowConfig(Section):
@@ -82,8 +107,15 @@ class SamplingConfig(Section):
     sde_type: Literal["sde", "cps"] = Field(default="sde", description="FLOWGRPO.md section 1 or 2")
     group_size: int = Field(default=8, ge=1, description="images per prompt (K)")
     prompts_per_epoch: int = Field(default=8, ge=1, description="prompt groups sampled per epoch")
-    batch_size: int = Field(default=16, ge=1, description="images per sampling forward pass")
+    batch_size_per_worker: int = Field(
+        default=16, ge=1, description="images per sampling forward pass on one worker (CFG doubles the rows)",
+    )
     sde_window: SDEWindowConfig | None = Field(default=None, description="Flow-GRPO-Fast: SDE only on a window")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return _refuse_renamed_batch_size(data, "sampling", "images per sampling forward pass")
 
     @model_validator(mode="after")
     def _check(self) -> SamplingConfig:
@@ -110,8 +142,12 @@ class TrainConfig(Section):
     adam_betas: tuple[float, float] = Field(default=(0.9, 0.999))
     weight_decay: float = Field(default=1e-4, ge=0)
     adam_eps: float = Field(default=1e-8, gt=0)
-    batch_size: int = Field(default=16, ge=1, description="samples per training micro-batch")
-    gradient_accumulation_steps: int = Field(default=1, ge=1, description="micro-batches per optimizer step")
+    batch_size_per_worker: int = Field(
+        default=16, ge=1, description="samples per training forward pass (micro-batch) on one worker",
+    )
+    gradient_accumulation_steps: int = Field(
+        default=1, ge=1, description=f"micro-batches each worker accumulates per optimizer step; {SAMPLES_PER_STEP}",
+    )
     inner_epochs: int = Field(default=1, ge=1, description="passes over each epoch's samples")
     clip_range: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip epsilon")
     adv_clip_max: float = Field(default=5.0, gt=0)
@@ -122,6 +158,21 @@ class TrainConfig(Section):
     max_grad_norm: float = Field(default=1.0, gt=0)
     ema: EMAConfig = Field(default_factory=EMAConfig)
     checkpoint_every: int = Field(default=10, ge=1, description="epochs between checkpoints (the last is kept too)")
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="recompute each transformer block's activations in the backward pass instead of keeping them "
+                    "(training forward only; sampling is unchanged); same gradients, less memory, ~1 more forward",
+    )
+    sharding: Literal["none", "fsdp"] = Field(
+        default="none",
+        description="`fsdp`: shard the frozen transformer weights across the Ray Train workers (PyTorch FSDP2, per "
+                    "transformer block); the LoRA stays replicated. Needs Ray Train workers (--ray-workers, a cluster)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return _refuse_renamed_batch_size(data, "train", "samples per training forward pass (micro-batch)")
 
 
 class TrackingConfig(Section):
@@ -163,19 +214,9 @@ class TrainingJobConfig(Section):
                 f"sampling.group_size must be at least 2, got {s.group_size}: advantages are relative to the "
                 f"prompt's group, so a group of one always has advantage 0{hint}"
             )
-        n = s.prompts_per_epoch * s.group_size
-        for key, size in (("sampling.batch_size", s.batch_size), ("train.batch_size", t.batch_size)):
-            if n % size:
-                raise ValueError(
-                    f"{key} ({size}) must divide the samples per epoch "
-                    f"({n} = sampling.prompts_per_epoch {s.prompts_per_epoch} x sampling.group_size {s.group_size})"
-                )
-        micro = n // t.batch_size
-        if micro % t.gradient_accumulation_steps:
-            raise ValueError(
-                f"train.gradient_accumulation_steps ({t.gradient_accumulation_steps}) must divide the micro-batches "
-                f"per epoch ({micro} = {n} samples / train.batch_size {t.batch_size})"
-            )
+        problems = epoch_split_problems(self, 1)
+        if problems:
+            raise ValueError("; ".join(problems))
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
         if self.model.kind in TINY_GUIDANCE:
@@ -184,6 +225,46 @@ class TrainingJobConfig(Section):
         if self.reward_aggregation == "gdpo" and len(self.rewards) < 2:
             raise ValueError("reward_aggregation 'gdpo' needs at least two rewards; use 'sum' for one")
         return self
+
+
+def epoch_split_problems(config: TrainingJobConfig, workers: int) -> list[str]:
+    """Why ``workers`` workers cannot split an epoch: each samples whole prompt groups in whole sampling batches
+    and trains on its own samples in whole micro-batches and optimizer steps. Empty when they can."""
+    s, t = config.sampling, config.train
+    n = s.prompts_per_epoch * s.group_size
+    on = f"the {workers} workers" if workers > 1 else "one worker"
+    if s.prompts_per_epoch % workers:
+        return [f"sampling.prompts_per_epoch ({s.prompts_per_epoch}) must be a multiple of the {workers} workers "
+                "(each worker samples whole prompt groups)"]
+    per = n // workers
+    share = (f"each worker's {per} images ({s.prompts_per_epoch // workers} prompts x sampling.group_size "
+             f"{s.group_size})" if workers > 1 else f"the {n} images per epoch (sampling.prompts_per_epoch "
+             f"{s.prompts_per_epoch} x sampling.group_size {s.group_size})")
+    problems = []
+    if per % s.batch_size_per_worker:
+        problems.append(f"{share} must fill whole sampling batches of sampling.batch_size_per_worker "
+                        f"({s.batch_size_per_worker}) on {on}")
+    if per % t.batch_size_per_worker:
+        problems.append(f"{share} must fill whole micro-batches of train.batch_size_per_worker "
+                        f"({t.batch_size_per_worker}) on {on}")
+    elif (per // t.batch_size_per_worker) % t.gradient_accumulation_steps:
+        problems.append(f"train.gradient_accumulation_steps ({t.gradient_accumulation_steps}) must divide the "
+                        f"{per // t.batch_size_per_worker} micro-batches per epoch of {on} ({per} samples / "
+                        f"train.batch_size_per_worker {t.batch_size_per_worker}); {SAMPLES_PER_STEP}")
+    return problems
+
+
+def describe_batches(config: TrainingJobConfig, workers: int) -> str:
+    """How an epoch is split on ``workers`` workers, in one line (the trainer prints it at start)."""
+    s, t = config.sampling, config.train
+    per = s.prompts_per_epoch * s.group_size // workers
+    micro = per // t.batch_size_per_worker
+    steps = micro // t.gradient_accumulation_steps
+    per_step = t.batch_size_per_worker * t.gradient_accumulation_steps * workers
+    return (f"{workers} worker(s), each {per} images per epoch in {per // s.batch_size_per_worker} sampling "
+            f"batches of {s.batch_size_per_worker}; {steps} optimizer step(s) per epoch, each {per_step} samples "
+            f"= {t.batch_size_per_worker} per worker x {t.gradient_accumulation_steps} accumulation x {workers} "
+            "worker(s)")
 
 
 def check_guidance(config: TrainingJobConfig, mode: GuidanceMode, family: str) -> None:

@@ -31,13 +31,15 @@ from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.collective import Collective
-from components.trainer.config import TrainingJobConfig, check_guidance
+from components.trainer.config import TrainingJobConfig, check_guidance, describe_batches, epoch_split_problems
 from components.trainer.ema import LoRAEMA
 from components.trainer.metrics import MetricsFile, learning_summary, progress_line
 from components.trainer.models import FlowMatchingModel, load_model
+from components.trainer.prompt_cache import PromptEncoder
 from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
 from components.trainer.run_output import CONFIG_FILE, FINAL_LORA_DIR, METRICS_FILE, RunOutput
 from components.trainer.samples import pick_samples, sample_grid
+from components.trainer.sharding import shard_transformer
 from components.trainer.update import UpdateSettings, policy_update
 
 SAMPLES_DIR = "samples"
@@ -62,6 +64,10 @@ class TrainResult:
         return learning_summary(self.history)
 
 
+def _silent(_: str) -> None:
+    """Where workers other than the main one send start-up notes (the main worker says them once)."""
+
+
 def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """The CPU generator for an epoch's prompt order, SDE window and shuffles.
 
@@ -82,18 +88,8 @@ def _noise_generators(seed: int, epoch: int, first_batch: int,
 
 
 def check_world_size(config: TrainingJobConfig, world_size: int) -> None:
-    """Each worker samples whole prompt groups in whole sampling batches and trains on an equal share of
-    every micro-batch; reject worker counts that cannot split an epoch that way."""
-    s, t = config.sampling, config.train
-    per_worker = s.prompts_per_epoch // world_size * s.group_size
-    problems = []
-    if s.prompts_per_epoch % world_size:
-        problems.append(f"sampling.prompts_per_epoch ({s.prompts_per_epoch}) must be a multiple of the workers")
-    elif per_worker % s.batch_size:
-        problems.append(f"each worker's {per_worker} samples must be whole sampling batches "
-                        f"(sampling.batch_size {s.batch_size})")
-    if t.batch_size % world_size:
-        problems.append(f"train.batch_size ({t.batch_size}) must be a multiple of the workers")
+    """Reject worker counts that cannot split an epoch (``epoch_split_problems``), before anything starts."""
+    problems = epoch_split_problems(config, world_size)
     if problems:
         raise ConfigError(f"{world_size} workers: " + "; ".join(problems))
 
@@ -118,19 +114,23 @@ def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> 
     )
 
 
-def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel, world_size: int = 1) -> UpdateSettings:
-    """Each of ``world_size`` workers trains on its share of every micro-batch; averaged gradients make the
-    optimizer step the one a single process would take on the whole micro-batch."""
+def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel) -> UpdateSettings:
+    """Each worker trains on its own samples in micro-batches of ``train.batch_size_per_worker``; gradients are
+    averaged over the workers before every optimizer step."""
     t = config.train
     return UpdateSettings(
-        batch_size=t.batch_size // world_size, gradient_accumulation_steps=t.gradient_accumulation_steps,
+        batch_size=t.batch_size_per_worker, gradient_accumulation_steps=t.gradient_accumulation_steps,
         inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
         guidance_scale=model.training_guidance_scale(config.sampling.guidance_scale, t.train_cfg),
     )
 
 
-RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, tracking, reward_server, reward timeouts and the "
-                     "pipeline sections (eval, eval_rewards, cluster)")
+RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, the memory settings (train.gradient_checkpointing, "
+                     "train.sharding, model.offload_text_encoders, model.prompt_cache_gib), tracking, reward_server, "
+                     "reward timeouts and the pipeline sections (eval, eval_rewards, cluster)")
+# how memory is spent, not what is computed: a run may resume sharded from an unsharded checkpoint and back
+_MEMORY_SETTINGS = {"train": ("gradient_checkpointing", "sharding"), "model": ("offload_text_encoders",
+                                                                               "prompt_cache_gib")}
 
 
 def _fingerprint(config: TrainingJobConfig) -> dict:
@@ -140,6 +140,9 @@ def _fingerprint(config: TrainingJobConfig) -> dict:
     data = config.model_dump(mode="json", include=set(TrainingJobConfig.model_fields))
     data["train"].pop("epochs")
     data["train"].pop("checkpoint_every")
+    for section, keys in _MEMORY_SETTINGS.items():
+        for key in keys:
+            data[section].pop(key)
     data.pop("reward_server")
     data.pop("tracking", None)
     for spec in data["rewards"]:
@@ -212,15 +215,12 @@ class Trainer:
         self.tracker = tracker or NullTracker()
         self.rows = load_prompt_rows(config.data)
         self.scorer = build_scorer(config)
-        self.model: FlowMatchingModel = load_model(config.model, config.seed)
+        self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False)
         try:  # a `diffusers` kind's family is known only now; reject its meaningless settings before training
             check_guidance(config, self.model.guidance_mode, type(self.model.pipeline).__name__)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        device = self.model.device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(config.seed)
-            self.params = self.model.add_lora(config.model.lora)
+        self.params = self._place_model()
         t = config.train
         self.optimizer = torch.optim.AdamW(
             self.params, lr=t.learning_rate, betas=t.adam_betas, weight_decay=t.weight_decay, eps=t.adam_eps,
@@ -229,6 +229,29 @@ class Trainer:
         self.epoch = 0
         self.optimizer_step = 0
         self.metrics = MetricsFile(self.output.local / METRICS_FILE)
+
+    def _place_model(self) -> list[torch.nn.Parameter]:
+        """Put the model on its device part by part so the accelerator never holds more than it must: the text
+        encoders first (and, with offload, only while encoding), then the VAE, then the transformer with its
+        LoRA, whole or sharded. Returns the LoRA parameters."""
+        cfg, world = self.config, self.collective
+        say = self.log if world.is_main else _silent
+        self.prompts = PromptEncoder(self.model, [r.prompt for r in self.rows],
+                                     offload=cfg.model.offload_text_encoders, cache_gib=cfg.model.prompt_cache_gib,
+                                     log=say)
+        self.model.to_device("vae")
+        with torch.random.fork_rng(devices=[]):  # the LoRA is initialised in host memory, the same on any device
+            torch.manual_seed(cfg.seed)
+            params = self.model.add_lora(cfg.model.lora)
+        if cfg.train.sharding == "fsdp":
+            blocks = shard_transformer(self.model, params, world.world_size)
+            say(f"FSDP: {blocks} transformer blocks sharded over {world.world_size} worker(s)")
+        else:
+            self.model.to_device("transformer")
+        if cfg.train.gradient_checkpointing:
+            self.model.transformer.enable_gradient_checkpointing()
+        say("batches: " + describe_batches(cfg, world.world_size))
+        return params
 
     # -- checkpoints -------------------------------------------------------------------------------
     def _save_lora(self, directory: Path) -> None:
@@ -279,7 +302,7 @@ class Trainer:
         cpu_gen = _epoch_generator(cfg.seed, self.epoch)
         prompts = _epoch_prompts(self.rows, cfg.sampling.prompts_per_epoch, cpu_gen)
         sampler = _sampler_settings(cfg, cpu_gen)
-        group_size, batch_size = cfg.sampling.group_size, cfg.sampling.batch_size
+        group_size, batch_size = cfg.sampling.group_size, cfg.sampling.batch_size_per_worker
         share = len(prompts) // world.world_size
         mine = prompts[world.rank * share:(world.rank + 1) * share]
         noise = _noise_generators(cfg.seed, self.epoch, world.rank * share * group_size // batch_size,
@@ -291,8 +314,9 @@ class Trainer:
             scoring.submit(images, [mine[g].prompt for g in groups], [mine[g].metadata for g in groups], groups)
 
         t0 = time.perf_counter()
-        rollout = sample_rollout(self.model, [r.prompt for r in mine], group_size, batch_size, sampler, noise,
-                                 on_batch=score_batch)
+        prompt_texts = [r.prompt for r in mine]
+        rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
+                                 on_batch=score_batch, embeds=self.prompts(prompt_texts))
         t1 = time.perf_counter()
         outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
         t2 = time.perf_counter()
@@ -305,7 +329,7 @@ class Trainer:
         local = slice(world.rank * len(rollout), (world.rank + 1) * len(rollout))
         update_metrics, self.optimizer_step = policy_update(
             self.model, self.optimizer, self.params, rollout, advantages[local], sampler,
-            _update_settings(cfg, self.model, world.world_size), cpu_gen, self.ema, self.optimizer_step,
+            _update_settings(cfg, self.model), cpu_gen, self.ema, self.optimizer_step,
             average_grads=world.average_ if world.world_size > 1 else None,
         )
         t3 = time.perf_counter()

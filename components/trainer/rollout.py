@@ -81,6 +81,7 @@ def sample_rollout(
     settings: SamplerSettings,
     generator: torch.Generator | Callable[[int], torch.Generator],
     on_batch: Callable[[np.ndarray, torch.Tensor], None] | None = None,
+    embeds: PromptEmbeddings | None = None,
 ) -> Rollout:
     """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass.
 
@@ -88,9 +89,10 @@ def sample_rollout(
     shard of the batches, sampled on another worker, draws exactly the noise it would in one process).
 
     ``on_batch(images, prompt_indices)`` is called as soon as each batch is decoded, so scoring can
-    overlap the sampling of the next batch.
+    overlap the sampling of the next batch. ``embeds`` are the prompts' embeddings when already computed.
     """
-    embeds = model.encode_prompts(prompts)
+    if embeds is None:
+        embeds = model.encode_prompts(prompts)
     prompt_index = torch.arange(len(prompts), device=model.device).repeat_interleave(group_size)
     sigmas = model.sigmas(settings.num_steps, settings.resolution)
     shape = model.latent_shape(settings.resolution)

@@ -31,6 +31,8 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
         (["train.learnig_rate=0.1"], "train.learnig_rate: unknown key"),
         (["train.learning_rate=-0.001"], "train.learning_rate: Input should be greater than 0"),
         (["sampling.group_size=1", "train.global_std=false"], "sampling.group_size must be at least 2"),
+        (["train.batch_size=8"], "train.batch_size was renamed train.batch_size_per_worker"),
+        (["train.batch_size_per_worker=7"], "train.batch_size_per_worker (7)"),
     ],
 )
 def test_validate_rejects_bad_values(args, needle):
@@ -58,6 +60,16 @@ def test_validate_accepts_the_shipped_configs():
         proc = flowgrpo("validate", "--config", str(path))
         assert proc.returncode == 0, proc.stderr
         assert "valid" in proc.stdout
+
+
+def test_validate_explains_how_a_gpu_recipe_splits_on_its_workers():
+    proc = flowgrpo("validate", "--config", str(DEFAULT_CONFIG.parent / "sd35-medium-ocr.yaml"))
+    assert ("on the cluster: 8 worker(s), each 144 images per epoch in 16 sampling batches of 9; 2 optimizer "
+            "step(s) per epoch, each 576 samples = 9 per worker x 8 accumulation x 8 worker(s)") in proc.stdout
+    # 7 workers cannot share 48 prompt groups: refused naming the worker count and the key
+    line = _error_line(flowgrpo("validate", "--config", str(DEFAULT_CONFIG.parent / "sd35-medium-ocr.yaml"),
+                                "cluster.workers.replicas=7"))
+    assert "cluster.workers.replicas = 7 workers" in line and "sampling.prompts_per_epoch (48)" in line
 
 
 def test_help_explains_the_commands():

@@ -31,8 +31,8 @@ MODULES = {"tiny-flux": ("transformer", "vae", "text_encoder", "text_encoder_2")
 # the family's guidance as its tiny config uses it: FLUX embeds 3.5, Qwen-Image runs true CFG at 4
 GUIDANCE = {"tiny-flux": 3.5, "tiny-qwenimage": 4.0}
 NEGATIVE = {"tiny-flux": "", "tiny-qwenimage": " "}
-SMALL = ["train.epochs=1", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
-         "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=1"]
+SMALL = ["train.epochs=1", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
+         "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=1"]
 
 
 def _quiet(_msg: str) -> None:

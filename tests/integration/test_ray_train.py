@@ -19,8 +19,9 @@ from components.trainer import checkpoint as ckpt
 from components.trainer.loop import train
 from pipeline.config import load_config
 
-SMALL = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=4", "train.batch_size=4",
-         "sampling.num_steps=4", "tracking.system_metrics=false", "tracking.registered_model=null"]
+SMALL = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
+         "train.batch_size_per_worker=4", "sampling.num_steps=4", "tracking.system_metrics=false",
+         "tracking.registered_model=null"]
 TIMING = ("time/sampling", "time/scoring", "time/training", "images_per_s")
 
 
@@ -43,7 +44,7 @@ def _lines():
     return lines, lines.append
 
 
-def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(tmp_path):
+def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(tmp_path, capfd):
     config = load_config(None, [*SMALL, "train.epochs=2", "train.checkpoint_every=1"])
     _, log = _lines()
     single = train(config, tmp_path / "single", log=log)
@@ -52,19 +53,28 @@ def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(
     a, b = load_file(str(single.lora_dir / ckpt.LORA_FILE)), load_file(str(one.lora_dir / ckpt.LORA_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
-    two = train(config, tmp_path / "two", log=log, workers=2)
+    # batch sizes are per worker: 2 workers with micro-batches of 2 take the single process's optimizer steps of 4
+    # samples; the 2-worker run also shards the frozen transformer (FSDP over Ray Train's gloo group) and
+    # recomputes activations, which must change nothing it samples
+    sharded = load_config(None, [*SMALL, "train.epochs=2", "train.checkpoint_every=1", "train.batch_size_per_worker=2",
+                                 "train.sharding=fsdp", "train.gradient_checkpointing=true"])
+    capfd.readouterr()
+    two = train(sharded, tmp_path / "two", log=log, workers=2)
+    worker_lines = capfd.readouterr().err  # the workers' status lines, forwarded by Ray
+    assert "FSDP: 2 transformer blocks sharded over 2 worker(s)" in worker_lines
+    assert "each 4 samples = 2 per worker x 1 accumulation x 2 worker(s)" in worker_lines
     first, first2 = single.history[0], two.history[0]
     # same model, same noise per sampling batch: the rewards of epoch 1 are the same up to float summation order
     # (a worker on 1 of the 2 cores runs its matmuls on fewer threads); rewards are ~0.5, so 1e-6 is float noise
     for key in ("reward/mean", "reward/std", "reward/brightness/mean"):
         assert first2[key] == pytest.approx(first[key], rel=1e-5, abs=1e-6), key
     assert [r["epoch"] for r in two.history] == [1, 2]
-    assert two.history[1]["optimizer_step"] == single.history[1]["optimizer_step"]
+    assert [r["optimizer_step"] for r in two.history] == [r["optimizer_step"] for r in single.history] == [2, 4]
 
 
 def test_worker_counts_that_cannot_split_an_epoch_are_refused(tmp_path):
-    config = load_config(None, [*SMALL, "sampling.prompts_per_epoch=3", "sampling.batch_size=4",
-                                "train.batch_size=4", "sampling.group_size=4"])
+    config = load_config(None, [*SMALL, "sampling.prompts_per_epoch=3", "sampling.batch_size_per_worker=4",
+                                "train.batch_size_per_worker=4", "sampling.group_size=4"])
     with pytest.raises(ConfigError, match=r"2 workers: sampling.prompts_per_epoch \(3\) must be a multiple"):
         train(config, tmp_path / "x", workers=2)
     assert not (tmp_path / "x").exists()  # refused before anything is written

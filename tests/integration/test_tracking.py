@@ -33,8 +33,8 @@ from pipeline.services.process import free_ports
 from pipeline.services.seaweed import SeaweedS3
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size=8",
-         "train.batch_size=4", "sampling.num_steps=4", "train.checkpoint_every=2", "tracking.sample_every=2",
+SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
+         "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=2", "tracking.sample_every=2",
          "tracking.sample_images=2"]
 
 

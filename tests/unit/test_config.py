@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from components.errors import ConfigError
+from components.trainer.config import describe_batches, epoch_split_problems
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 TINY = CONFIG_DIR / "tiny-cpu.yaml"
@@ -25,6 +26,11 @@ def test_defaults_equal_the_shipped_tiny_config_and_it_spells_every_key():
 
 def test_sd35_config_has_upstream_hyperparameters():
     c = load_config(SD35)
+    # upstream general_ocr_sd3: 9 images per GPU forward, 576 samples per optimizer step, 2 steps per epoch
+    assert (c.sampling.batch_size_per_worker, c.train.batch_size_per_worker) == (9, 9)
+    workers = c.cluster.workers.replicas
+    assert c.train.batch_size_per_worker * c.train.gradient_accumulation_steps * workers == 576
+    assert epoch_split_problems(c, workers) == []
     assert c.model.kind == "diffusers" and c.model.resolution == 512
     assert (c.sampling.num_steps, c.sampling.eval_num_steps, c.sampling.guidance_scale) == (10, 40, 4.5)
     assert (c.sampling.group_size, c.sampling.prompts_per_epoch) == (24, 48)
@@ -55,7 +61,10 @@ def test_override_can_fill_a_null_section():
         (["train.epochs=many"], ["train.epochs", "integer"]),
         (["sampling.sde_type=ode"], ["sampling.sde_type"]),
         (["model.kind=diffusers"], ["model.path is required"]),
-        (["train.batch_size=7"], ["train.batch_size (7)", "64"]),
+        (["train.batch_size_per_worker=7"], ["train.batch_size_per_worker (7)", "64 images"]),
+        (["sampling.batch_size_per_worker=5"], ["sampling.batch_size_per_worker (5)", "64 images"]),
+        (["train.gradient_accumulation_steps=3"], ["train.gradient_accumulation_steps (3)", "4 micro-batches",
+                                                   "samples per optimizer step"]),
         (["rewards.3.weight=1"], ["rewards.3", "not an index"]),
         (["sampling.sde_window.size=4", "sampling.sde_window.range=[0,8]"], ["sampling.sde_window.range"]),
         (["train.train_cfg=true"], ["train.train_cfg", "guidance_scale"]),
@@ -117,3 +126,34 @@ def test_gate_rewards_must_be_eval_rewards():
         load_config(None, ["eval.gate.guards={aesthetic: 0.1}"])
     c = load_config(None, ["eval_rewards=[{name: jpeg_compressibility}]", "eval.gate.metric=jpeg_compressibility"])
     assert c.eval.gate.metric == "jpeg_compressibility"
+
+
+@pytest.mark.parametrize("section", ["sampling", "train"])
+def test_the_old_global_batch_key_is_refused_saying_what_it_became(tmp_path, section):
+    """`train.batch_size` used to be global (split across workers); a config that still spells it must not
+    silently train N times larger micro-batches."""
+    path = _write(tmp_path, f"{section}:\n  batch_size: 8\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{section}.batch_size was renamed {section}.batch_size_per_worker" in message
+    assert "ONE worker" in message and "samples per optimizer step = train.batch_size_per_worker x" in message
+
+
+def test_an_epoch_splits_per_worker():
+    """Batch sizes are per worker: N workers each sample 1/N of the prompt groups and train on their own samples,
+    so one optimizer step sees batch x accumulation x N samples."""
+    c = load_config(TINY, ["sampling.prompts_per_epoch=8", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
+                           "train.batch_size_per_worker=2", "train.gradient_accumulation_steps=2"])
+    assert epoch_split_problems(c, 1) == [] and epoch_split_problems(c, 2) == [] and epoch_split_problems(c, 4) == []
+    assert describe_batches(c, 2) == ("2 worker(s), each 16 images per epoch in 4 sampling batches of 4; 4 optimizer "
+                                      "step(s) per epoch, each 8 samples = 2 per worker x 2 accumulation x 2 worker(s)")
+    (problem,) = epoch_split_problems(c, 3)
+    assert "sampling.prompts_per_epoch (8) must be a multiple of the 3 workers" in problem
+    assert epoch_split_problems(c, 8) == []  # 4 images each: 1 sampling batch, 2 micro-batches, 1 optimizer step
+    c = load_config(TINY, ["sampling.prompts_per_epoch=8", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
+                           "train.batch_size_per_worker=4", "train.gradient_accumulation_steps=2"])
+    (problem,) = epoch_split_problems(c, 8)  # 1 micro-batch per worker cannot make an accumulation of 2
+    assert problem.startswith("train.gradient_accumulation_steps (2) must divide the 1 micro-batches per epoch of "
+                              "the 8 workers (4 samples / train.batch_size_per_worker 4)")

@@ -69,8 +69,9 @@ def _load_diffusers(path: str, dtype: torch.dtype):
         raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
 
 
-def load_model(config: ModelConfig, seed: int) -> FlowMatchingModel:
-    """The adapter for ``config.kind``, on its device, every module in eval mode and frozen."""
+def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> FlowMatchingModel:
+    """The adapter for ``config.kind``, every module in eval mode and frozen, on its device (with ``on_device``
+    false the pipeline stays in host memory: the trainer places each part itself, see ``Trainer``)."""
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
     if config.kind in TINY:
@@ -79,7 +80,8 @@ def load_model(config: ModelConfig, seed: int) -> FlowMatchingModel:
             pipe.to(dtype=dtype)
     else:
         pipe = _load_diffusers(config.path, dtype)
-    pipe.to(device=device)
+    if on_device:
+        pipe.to(device=device)
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         module = getattr(pipe, name, None)
         if module is not None:

@@ -21,6 +21,7 @@ from peft.utils import get_peft_model_state_dict
 from components.trainer.config import GuidanceMode, LoRAConfig
 
 ADAPTER_NAME = "default"
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 @dataclass
@@ -41,7 +42,28 @@ class PromptEmbeddings:
 
     @staticmethod
     def cat(parts: list[PromptEmbeddings]) -> PromptEmbeddings:
-        return PromptEmbeddings({k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors})
+        """Rows of several embeddings; sequences of different lengths are right-padded with zeros, as the
+        pipelines pad a batch of prompts (their masks, padded with zeros too, mark the padding)."""
+        out = {}
+        for key in parts[0].tensors:
+            tensors = [p.tensors[key] for p in parts]
+            if tensors[0].dim() > 1 and len({t.shape[1] for t in tensors}) > 1:
+                length = max(t.shape[1] for t in tensors)
+                tensors = [torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, length - t.shape[1]))
+                           for t in tensors]
+            out[key] = torch.cat(tensors)
+        return PromptEmbeddings(out)
+
+    def rows(self) -> list[PromptEmbeddings]:
+        """One embedding per prompt, each a copy in host memory."""
+        return [PromptEmbeddings({k: v[i:i + 1].to("cpu", copy=True) for k, v in self.tensors.items()})
+                for i in range(len(self))]
+
+    def nbytes(self) -> int:
+        return sum(v.numel() * v.element_size() for v in self.tensors.values())
+
+    def to(self, device: torch.device) -> PromptEmbeddings:
+        return PromptEmbeddings({k: v.to(device) for k, v in self.tensors.items()})
 
 
 # The joint (text + image) attention of the MMDiT families (SD3, FLUX, Qwen-Image) and upstream flow_grpo's
@@ -77,6 +99,34 @@ class FlowMatchingModel(ABC):
     @property
     def transformer(self) -> torch.nn.Module:
         return self.pipeline.transformer
+
+    def to_device(self, *components: str) -> None:
+        """Move these pipeline components (``transformer``, ``vae``, ...) to the model's device."""
+        for name in components:
+            module = getattr(self.pipeline, name, None)
+            if module is not None:
+                module.to(self.device)
+
+    def move_text_encoders(self, device: torch.device) -> None:
+        for name in TEXT_ENCODERS:
+            module = getattr(self.pipeline, name, None)
+            if module is not None:
+                module.to(device)
+
+    def release_text_encoders(self) -> None:
+        """Drop the text encoders: every embedding the run needs has been computed."""
+        for name in TEXT_ENCODERS:
+            if getattr(self.pipeline, name, None) is not None:
+                setattr(self.pipeline, name, None)
+
+    def blocks(self) -> list[torch.nn.Module]:
+        """The transformer's repeated blocks (the units of sharding and activation checkpointing)."""
+        kinds = set(getattr(self.transformer, "_no_split_modules", None) or ())
+        return [m for m in self.transformer.modules() if type(m).__name__ in kinds]
+
+    def trim_embedding(self, row: PromptEmbeddings) -> PromptEmbeddings:
+        """One prompt's embedding without the padding its batch added (families with masks trim it)."""
+        return row
 
     @abstractmethod
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
@@ -181,7 +231,10 @@ class FlowMatchingModel(ABC):
             self.transformer.enable_adapters()
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.transformer).items()}
+        # from the LoRA parameters alone: a sharded transformer's full state_dict would be needed on every worker
+        lora = {n: p for n, p in self.transformer.named_parameters() if "lora_" in n}
+        state = get_peft_model_state_dict(self.transformer, state_dict=lora)
+        return {k: v.detach().cpu().clone() for k, v in state.items()}
 
     def save_lora(self, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Write the LoRA in diffusers format, loadable with ``pipe.load_lora_weights(directory)``."""

@@ -27,6 +27,10 @@ class QwenImageModel(PackedLatentModel):
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype), "prompt_embeds_mask": mask})
 
+    def trim_embedding(self, row: PromptEmbeddings) -> PromptEmbeddings:
+        length = int(row.tensors["prompt_embeds_mask"].sum())
+        return PromptEmbeddings({k: v[:, :length] for k, v in row.tensors.items()})
+
     def combine_cfg(self, uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
         guided = uncond + scale * (cond - uncond)
         return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
