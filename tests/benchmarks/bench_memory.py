@@ -1,0 +1,319 @@
+"""Peak memory of one FlowGRPO training worker, per shipped GPU recipe and memory setting.
+
+    python tests/benchmarks/bench_memory.py [--recipes sd35-medium-ocr,flux1-dev-pickscore,qwenimage-ocr]
+                                            [--cpu-families sd35-medium,flux1-dev,qwen-image] [--all-settings]
+
+1. Estimated, every machine: each recipe at real shape (random weights, fake tensors: no memory, no compute,
+   seconds on a CPU), at its per-worker batches, for every combination of train.gradient_checkpointing,
+   model.offload_text_encoders and train.sharding (FSDP over the recipe's cluster.workers.replicas), against
+   the 72 GiB target; the recipe's own setting is marked. First, the estimator against the one measurement
+   taken on an H100 (docs/MEMORY.md).
+2. Measured on this CPU: the trainer's own epoch (Trainer.run_epoch) on real-width pipelines with fewer blocks
+   (``--cpu-families``), peak RSS of sampling and of training above what was resident before each, with
+   activation checkpointing off and on, each in a fresh process; the on / off ratio.
+3. Measured on a GPU, when one is visible: the same epoch on the real-shape pipeline (text encoders at real
+   width with 2 layers) at each recipe's per-worker batches, torch.cuda.max_memory_allocated per phase, for the
+   recipe's own setting (``--all-settings``: checkpointing x offload), beside the estimate.
+
+Pipelines are built in memory (tests/benchmarks/real_shapes.py) and handed to the trainer where it would read
+`model.path`; everything after that is the trainer's own code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ["MLFLOW_TRACKING_URI"] = ""
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # real_shapes, memory_estimate (tests/ is no package)
+
+import torch
+
+from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
+
+TARGET_GIB = 72.0
+RECIPES = {"sd35-medium-ocr": "sd35-medium", "flux1-dev-pickscore": "flux1-dev", "qwenimage-ocr": "qwen-image"}
+FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
+# The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
+# 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
+H100_SD35_PEAK_GIB = 49.9
+QWEN_PROMPT_TOKENS = 100  # a typical OCR prompt after the template; SD3 and FLUX pad to a fixed length
+GIB = 2**30
+MIB = 2**20
+# the CPU measurement: real width, few blocks, small images, so an epoch takes seconds
+CPU_SIZES = {"sample_batch": 2, "train_batch": 2, "resolution": 128, "transformer_layers": 2}
+CPU_TEXT_LAYERS = 1
+CPU_T5_LENGTH = 64
+CPU_SHAPE = (f"bf16, real width, {CPU_SIZES['transformer_layers']} transformer blocks, {CPU_TEXT_LAYERS} text-encoder "
+             f"layer, T5 length {CPU_T5_LENGTH}, {CPU_SIZES['resolution']} px, batch {CPU_SIZES['sample_batch']}")
+
+
+# -- 1. estimates ----------------------------------------------------------------------------------
+
+def _setting(ckpt: bool, offload: bool, sharding: str) -> str:
+    return f"ckpt {'on ' if ckpt else 'off'}  offload {'on ' if offload else 'off'}  {sharding:<4}"
+
+
+def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: bool, world: int,
+              text_layers: int | None = None, cpu: bool = False, **shape: int) -> dict[str, float]:
+    """The estimator at ``config``'s per-worker settings; ``text_layers``: text encoders of that depth (as in a
+    measured run) instead of their real size; ``cpu``: the reduced shape of the CPU measurement."""
+    import memory_estimate
+
+    s, t, lora = config.sampling, config.train, config.model.lora
+    sizes: dict[str, int | None] = {"sample_batch": s.batch_size_per_worker, "train_batch": t.batch_size_per_worker,
+                                    "resolution": config.model.resolution, "transformer_layers": None,
+                                    "text_tokens": QWEN_PROMPT_TOKENS if family == "qwen-image" else None}
+    if cpu:
+        sizes.update(CPU_SIZES)
+    sizes.update(shape)
+    return memory_estimate.estimate(
+        family, sample_cfg=s.guidance_scale > 1, train_cfg=t.train_cfg, lora_rank=lora.rank,
+        lora_alpha=lora.alpha, lora_targets=tuple(lora.target_modules), gradient_checkpointing=ckpt,
+        offload_text_encoders=offload, shard_world=world, beta=t.beta, text_layers=text_layers, **sizes,
+    )
+
+
+def calibration() -> None:
+    import real_shapes
+
+    config = load_config(CONFIG_DIR / "sd35-medium-ocr.yaml", [
+        "sampling.batch_size_per_worker=8", "train.batch_size_per_worker=8", "sampling.prompts_per_epoch=1",
+        "sampling.group_size=8", "train.gradient_accumulation_steps=1"])
+    est = _estimate(config, "sd35-medium", ckpt=False, offload=False, world=1)
+    # that run's T5 had 2 layers; its CLIP encoders were whole
+    t5_real, t5_run = (real_shapes.sd35_medium_text_encoders(layers)["text_encoder_3"] for layers in (None, 2))
+    peak = est["peak_gib"] - (t5_real - t5_run) * 2 / GIB
+    print(f"calibration, SD3.5-Medium shape, batch 8 + CFG in training, KL on, T5 at 2 layers: estimated "
+          f"{peak:.1f} GiB, measured on an H100 {H100_SD35_PEAK_GIB} GiB (measured / estimated = "
+          f"{H100_SD35_PEAK_GIB / peak:.3f})")
+
+
+def estimates(recipes: list[str]) -> None:
+    for recipe in recipes:
+        config = load_config(CONFIG_DIR / f"{recipe}.yaml")
+        family, world, t = RECIPES[recipe], config.cluster.workers.replicas, config.train
+        own = (t.gradient_checkpointing, config.model.offload_text_encoders, t.sharding)
+        print(f"\n{recipe}: per worker {config.sampling.batch_size_per_worker} images per sampling forward, "
+              f"{t.batch_size_per_worker} per training forward{' with CFG' if t.train_cfg else ''}, "
+              f"{config.model.resolution} px; FSDP over {world} workers; estimated GiB")
+        print(f"  {'setting':<33} {'sampling':>8} {'training':>8} {'encode':>7} {'peak':>6}")
+        for ckpt, offload, sharding in itertools.product((False, True), (False, True), ("none", "fsdp")):
+            start = time.perf_counter()
+            e = _estimate(config, family, ckpt=ckpt, offload=offload, world=world if sharding == "fsdp" else 1)
+            mark = "*" if (ckpt, offload, sharding) == own else " "
+            verdict = "fits" if e["peak_gib"] <= TARGET_GIB else "OVER"
+            print(f"{mark} {_setting(ckpt, offload, sharding):<33} {e['sampling_peak_gib']:8.1f} "
+                  f"{e['training_peak_gib']:8.1f} {e['encode_peak_gib']:7.1f} {e['peak_gib']:6.1f}  {verdict} "
+                  f"({time.perf_counter() - start:.0f} s)")
+        own_figures = _estimate(config, family, ckpt=own[0], offload=own[1], world=world if own[2] == "fsdp" else 1)
+        if own[1]:
+            print(f"  with a prompt set over model.prompt_cache_gib the encoders visit each epoch beside the resident "
+                  f"model: {own_figures['epoch_encode_peak_gib']:.1f} GiB in this recipe's setting")
+    print("* = the recipe's own setting; encode = encoding the prompts (offloaded: at start, before the model is "
+          "placed); add ~1-3 GiB of CUDA context and allocator slack to every figure")
+
+
+# -- 2. and 3. the trainer's epoch on a real-width pipeline ------------------------------------------
+
+class RssProbe:
+    """Peak resident set size of this process while a phase runs, polled every 2 ms."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self._libc = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else None
+
+    @contextlib.contextmanager
+    def phase(self, into: dict[str, float], key: str) -> Iterator[None]:
+        if self._libc is not None:
+            self._libc.malloc_trim(0)  # freed heap back to the OS, so the baseline is what is really held
+        start = peak = self._process.memory_info().rss
+        done = threading.Event()
+
+        def poll() -> None:
+            nonlocal peak
+            while not done.wait(0.002):
+                peak = max(peak, self._process.memory_info().rss)
+
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            into[f"{key}_above_start_mib"] = (max(peak, self._process.memory_info().rss) - start) / MIB
+
+
+class CudaProbe:
+    """torch.cuda.max_memory_allocated over a phase (the caching allocator's live tensors, not its slack)."""
+
+    @contextlib.contextmanager
+    def phase(self, into: dict[str, float], key: str) -> Iterator[None]:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        yield
+        torch.cuda.synchronize()
+        into[f"{key}_peak_gib"] = torch.cuda.max_memory_allocated() / GIB
+        into[f"{key}_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+
+
+def _epoch_overrides(config: ExperimentConfig, *, cpu: bool, ckpt: bool, offload: bool) -> list[str]:
+    """One sampling batch and one micro-batch at the recipe's per-worker sizes (the peak depends on a batch's
+    size, not on how many there are), one trained step, a reward that needs no model, prompts inline."""
+    s, t = config.sampling, config.train
+    batch = CPU_SIZES["sample_batch"] if cpu else s.batch_size_per_worker
+    train_batch = CPU_SIZES["train_batch"] if cpu else t.batch_size_per_worker
+    group = max(2, math.lcm(batch, train_batch))
+    overrides = [
+        "model.path=in-memory", f"model.device={'cpu' if cpu else 'cuda'}", "train.epochs=1",
+        f"sampling.batch_size_per_worker={batch}", f"train.batch_size_per_worker={train_batch}",
+        "sampling.prompts_per_epoch=1", f"sampling.group_size={group}", "train.gradient_accumulation_steps=1",
+        "train.timestep_fraction=0.1", "rewards=[{name: brightness}]", "data.path=null",
+        "data.prompts=[a red apple on a wooden table, a lighthouse on a cliff at dusk]", "tracking.sample_every=0",
+        f"train.gradient_checkpointing={str(ckpt).lower()}", f"model.offload_text_encoders={str(offload).lower()}",
+        "train.sharding=none", "train.checkpoint_every=1000",
+    ]
+    if cpu:
+        overrides += [f"model.resolution={CPU_SIZES['resolution']}", "sampling.num_steps=2", "sampling.sde_window=null"]
+    return overrides
+
+
+def _pipeline_builder(family: str, *, cpu: bool) -> Callable[..., Any]:
+    """What the trainer gets instead of reading `model.path`: the real-shape pipeline, built in memory."""
+    import real_shapes
+
+    builder = real_shapes.BUILDERS[family]
+    kwargs: dict[str, Any] = {"text_layers": CPU_TEXT_LAYERS if cpu else 2}
+    if cpu:
+        kwargs["transformer_layers"] = CPU_SIZES["transformer_layers"]
+        if family != "qwen-image":
+            kwargs["max_sequence_length"] = CPU_T5_LENGTH
+
+    def load(_path: str, dtype: torch.dtype):
+        return builder(device="cpu", dtype=dtype, **kwargs)
+
+    return load
+
+
+def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str, float]:
+    """One worker's epoch of the family's recipe through the trainer; peak memory of each phase."""
+    import tempfile
+
+    from components.trainer import loop
+    from components.trainer import models as model_loading
+
+    config = load_config(CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml")
+    config = load_config(CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml",
+                         _epoch_overrides(config, cpu=cpu, ckpt=ckpt, offload=offload))
+    probe = RssProbe() if cpu else CudaProbe()
+    figures: dict[str, float] = {}
+    model_loading._load_diffusers = _pipeline_builder(family, cpu=cpu)
+    for name, key in (("sample_rollout", "sampling"), ("policy_update", "training")):
+        original = getattr(loop, name)
+
+        def measured(*args: Any, _original: Callable[..., Any] = original, _key: str = key, **kwargs: Any) -> Any:
+            with probe.phase(figures, _key):
+                return _original(*args, **kwargs)
+
+        setattr(loop, name, measured)
+    with tempfile.TemporaryDirectory() as tmp:
+        with probe.phase(figures, "start"):  # load, encode (offload), place the model
+            trainer = loop.Trainer(config, Path(tmp) / "run", log=lambda _m: None)
+        trainer.run_epoch()
+    # the text lengths the run used, for the estimate of the same shape
+    figures["text_tokens"] = trainer.prompts(config.data.prompts[:1]).tensors["prompt_embeds"].shape[1]
+    figures["negative_tokens"] = trainer.model.negative_embeddings().tensors["prompt_embeds"].shape[1]
+    return figures
+
+
+# glibc keeps freed heap memory (RSS then shows the high-water mark of the whole process); with allocations
+# above 64 KiB mmap'd and trimmed at once, RSS follows the live tensors
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "2"}
+
+
+def _child(args: list[str]) -> dict[str, float]:
+    """``run_epoch`` in a fresh process, so no phase inherits another's memory."""
+    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
+                          env={**os.environ, **_MALLOC_ENV})
+    if proc.returncode:
+        raise RuntimeError(f"bench_memory child {args} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cpu_measurements(families: list[str]) -> None:
+    print(f"\nmeasured on this CPU: the trainer's epoch at {CPU_SHAPE}; peak RSS above the phase's start, MiB "
+          "(estimated: the estimator at the same reduced shape, activations + LoRA gradients + AdamW state)")
+    for family in families:
+        config = load_config(CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml")
+        measured, estimated = {}, {}
+        for ckpt in (False, True):
+            got = _child([family, "cpu", str(ckpt), "False"])
+            est = _estimate(config, family, ckpt=ckpt, offload=False, world=1, text_layers=1, cpu=True,
+                            text_tokens=int(got["text_tokens"]), negative_tokens=int(got["negative_tokens"]))
+            measured[ckpt] = got["training_above_start_mib"]
+            estimated[ckpt] = (est["training_activations_gib"] + est["lora_grads_gib"] + est["adam_state_gib"]) * 1024
+        print(f"  {family:<12} training: checkpointing off {measured[False]:5.0f} (estimated {estimated[False]:4.0f}), "
+              f"on {measured[True]:5.0f} (estimated {estimated[True]:4.0f}); on / off = "
+              f"{measured[True] / measured[False]:.2f} measured, {estimated[True] / estimated[False]:.2f} estimated")
+
+
+def gpu_measurements(recipes: list[str], all_settings: bool) -> None:
+    print(f"\nmeasured on {torch.cuda.get_device_name()} (random weights of the real transformer and VAE; text "
+          "encoders at real width, 2 layers): torch.cuda.max_memory_allocated per phase, GiB")
+    print(f"  {'recipe':<20} {'setting':<22} {'start':>6} {'sampling':>8} {'training':>8} {'estimate':>8}")
+    for recipe in recipes:
+        config = load_config(CONFIG_DIR / f"{recipe}.yaml")
+        own = (config.train.gradient_checkpointing, config.model.offload_text_encoders)
+        settings = list(itertools.product((False, True), (False, True))) if all_settings else [own]
+        for ckpt, offload in settings:
+            got = _child([RECIPES[recipe], "cuda", str(ckpt), str(offload)])
+            est = _estimate(config, RECIPES[recipe], ckpt=ckpt, offload=offload, world=1, text_layers=2)
+            print(f"  {recipe:<20} {_setting(ckpt, offload, 'none')[:-5]:<22} {got['start_peak_gib']:6.1f} "
+                  f"{got['sampling_peak_gib']:8.1f} {got['training_peak_gib']:8.1f} {est['steady_peak_gib']:8.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipes", default=",".join(RECIPES))
+    parser.add_argument("--cpu-families", default=",".join(FAMILY_RECIPE),
+                        help="families measured on the CPU ('' = none)")
+    parser.add_argument("--all-settings", action="store_true", help="on a GPU: checkpointing x offload")
+    parser.add_argument("--child", nargs=4, metavar=("FAMILY", "DEVICE", "CKPT", "OFFLOAD"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        family, device, ckpt, offload = args.child
+        print(json.dumps(run_epoch(family, cpu=device == "cpu", ckpt=ckpt == "True", offload=offload == "True")))
+        return
+    import real_shapes
+
+    print(real_shapes.describe())
+    recipes = [r for r in args.recipes.split(",") if r]
+    calibration()
+    estimates(recipes)
+    cpu_measurements([f for f in args.cpu_families.split(",") if f])
+    if torch.cuda.is_available():
+        gpu_measurements(recipes, args.all_settings)
+    else:
+        print("\nno GPU visible: the measured accelerator peaks are skipped (run this on a GPU node)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

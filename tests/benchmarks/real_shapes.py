@@ -1,0 +1,389 @@
+"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev and Qwen-Image, random weights.
+
+Built from config only (no files, no hub), after the tiny pipelines of ``components/trainer/models/tiny_*.py``:
+fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
+
+Real (the published ``config.json`` values): the transformer (every width, head and block count unless
+``transformer_layers`` reduces the depth), the VAE, the scheduler, and the text encoders' widths (hidden, MLP,
+heads, projections). Reduced, so a CPU can run them: the text encoders' depth (``text_layers``, default 2; the
+Qwen2.5-VL vision tower, which the text path never runs, too) and their vocabularies, which are the offline tiny
+tokenizers' (CLIP, T5, Qwen) instead of 49408 / 32128 / 152064 tokens. ``text_encoder_param_counts`` gives the
+real-size counts, from meta builds at real depth and vocabulary, for memory estimates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from functools import cache
+
+import torch
+from diffusers import (
+    AutoencoderKL,
+    AutoencoderKLQwenImage,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+)
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    T5Config,
+    T5EncoderModel,
+)
+
+from components.trainer.models import tiny_tokenizers as tok
+from components.trainer.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
+
+FAMILIES = ("sd35-medium", "flux1-dev", "qwen-image")
+
+# --- the published configs (checked against public copies of each config.json; where, in each comment) ---
+
+# stabilityai/stable-diffusion-3.5-medium transformer/config.json (as copied in Comfy-Org SD3.5 loaders, mflux ports)
+SD35_MEDIUM_TRANSFORMER = dict(
+    sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
+    num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
+    pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
+)
+# black-forest-labs/FLUX.1-dev transformer/config.json (BFL flux-dev params, e.g. hpcaitech/Open-Sora t2i2v.py)
+FLUX1_DEV_TRANSFORMER = dict(
+    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+# Qwen/Qwen-Image transformer/config.json (as in aigc-apps/VideoX-Fun comfyui/qwenimage/nodes.py)
+QWEN_IMAGE_TRANSFORMER = dict(
+    patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
+    joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56),
+)
+# The 16-channel KL VAE of SD3.x and FLUX.1 (same architecture, different normalisation)
+_KL_VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=16, down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+    act_fn="silu", norm_num_groups=32, sample_size=1024, force_upcast=True, use_quant_conv=False,
+    use_post_quant_conv=False,
+)
+SD3_VAE = {**_KL_VAE, "scaling_factor": 1.5305, "shift_factor": 0.0609}
+FLUX1_VAE = {**_KL_VAE, "scaling_factor": 0.3611, "shift_factor": 0.1159}
+# Qwen/Qwen-Image vae/config.json (AutoencoderKLQwenImage: the Wan 2.1 causal 3D VAE)
+QWEN_IMAGE_VAE = dict(
+    base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+    temperal_downsample=[False, True, True], dropout=0.0,
+    latents_mean=[-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517,
+                  -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
+    latents_std=[2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
+                 1.6382, 1.1253, 2.8251, 1.916],
+)
+# CLIP ViT-L/14 text tower (SD3 text_encoder, with projection; FLUX.1 text_encoder, without);
+# Stability-AI/sd3.5 sd3_infer.py, kohya-ss/sd-scripts library/flux_utils.py
+CLIP_L = dict(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+              max_position_embeddings=77, projection_dim=768, hidden_act="quick_gelu", layer_norm_eps=1e-5)
+# OpenCLIP ViT-bigG/14 text tower (SD3 text_encoder_2)
+CLIP_G = dict(vocab_size=49408, hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
+              max_position_embeddings=77, projection_dim=1280, hidden_act="gelu", layer_norm_eps=1e-5)
+# google/t5-v1_1-xxl encoder (SD3 text_encoder_3, FLUX.1 text_encoder_2; kohya-ss/sd-scripts flux_utils.py);
+# dropout 0.1 in the file, 0 here (eval mode either way)
+T5_XXL = dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+              feed_forward_proj="gated-gelu", relative_attention_num_buckets=32, relative_attention_max_distance=128,
+              layer_norm_epsilon=1e-6, dropout_rate=0.0, tie_word_embeddings=False)
+# Qwen/Qwen-Image text_encoder/config.json (Qwen2.5-VL-7B-Instruct)
+QWEN25_VL_TEXT = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                      num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+                      rms_norm_eps=1e-6, hidden_act="silu",
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]})
+QWEN25_VL_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                        fullatt_block_indexes=[7, 15, 23, 31], in_channels=3, tokens_per_second=2, hidden_act="silu")
+QWEN25_VL_SPECIAL = {"<|endoftext|>": 151643, "<|im_end|>": 151645, "<|vision_start|>": 151652,
+                     "<|vision_end|>": 151653, "<|image_pad|>": 151655, "<|video_pad|>": 151656}
+# scheduler/scheduler_config.json of each (FLUX.1-dev's: ostris/ai-toolkit toolkit/sampler.py)
+SD3_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+FLUX1_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                           max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
+QWEN_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192,
+                            max_shift=0.9, shift=1.0, shift_terminal=0.02, time_shift_type="exponential",
+                            use_dynamic_shifting=True)
+
+REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064}
+QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as tiny_qwenimage), plus the special tokens
+
+
+def describe() -> str:
+    """What is real and what is reduced in these builders, for benchmark output."""
+    return (
+        "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
+        "(SD3.5 Medium, FLUX.1-dev, Qwen-Image); text encoders at real width but reduced depth (text_layers) and "
+        f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
+        f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
+        f"{REAL_VOCAB['clip']} / {REAL_VOCAB['t5']} / {REAL_VOCAB['qwen']}); memory figures count the text "
+        "encoders at their real size"
+    )
+
+
+# --- building helpers ---
+
+def _device(device: torch.device | str) -> torch.device:
+    return torch.device(device)
+
+
+@contextlib.contextmanager
+def _building(device: torch.device, seed: int) -> Iterator[None]:
+    """Construct modules under ``seed``; on the meta device when asked (no memory), else on CPU."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if device.type == "meta":
+            with torch.device("meta"):
+                yield
+        else:
+            yield
+
+
+def _finish(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Frozen, eval mode, in ``dtype`` on ``device`` (plain ``nn.Module.to``: diffusers' warns on every cast)."""
+    torch.nn.Module.to(module, device=None if device.type == "meta" else device, dtype=dtype)
+    return module.eval().requires_grad_(False)
+
+
+def _depth(real: int, reduced: int | None) -> int:
+    return real if reduced is None else max(1, min(real, reduced))
+
+
+def clip_text_encoder(layers: int | None, projection: bool, big: bool = False,
+                      vocab_size: int | None = None) -> CLIPTextModel | CLIPTextModelWithProjection:
+    """CLIP-L (or CLIP-G with ``big``) at real width; ``vocab_size`` None = the tiny tokenizer's (its ids)."""
+    base = CLIP_G if big else CLIP_L
+    vocab = vocab_size or tok.clip_vocab_size()
+    ids = {} if vocab_size else dict(bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=vocab - 1)
+    config = CLIPTextConfig(**{**base, "vocab_size": vocab, "num_hidden_layers": _depth(base["num_hidden_layers"],
+                                                                                          layers)}, **ids)
+    return CLIPTextModelWithProjection(config) if projection else CLIPTextModel(config)
+
+
+def t5_text_encoder(layers: int | None, vocab_size: int | None = None) -> T5EncoderModel:
+    """The T5-XXL encoder at real width; ``vocab_size`` None = the tiny tokenizer's."""
+    config = T5Config(**{**T5_XXL, "vocab_size": vocab_size or tok.t5_vocab_size(),
+                         "num_layers": _depth(T5_XXL["num_layers"], layers)},
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return T5EncoderModel(config)
+
+
+def qwen_text_encoder(layers: int | None, special: dict[str, int], vocab_size: int) -> (
+        Qwen2_5_VLForConditionalGeneration):
+    """Qwen2.5-VL-7B at real width: ``layers`` language-model layers (and vision blocks, None = real depth)."""
+    depth = _depth(QWEN25_VL_VISION["depth"], layers)
+    full = [i for i in QWEN25_VL_VISION["fullatt_block_indexes"] if i < depth] or [depth - 1]
+    config = Qwen2_5_VLConfig(
+        text_config={**QWEN25_VL_TEXT, "vocab_size": vocab_size,
+                     "num_hidden_layers": _depth(QWEN25_VL_TEXT["num_hidden_layers"], layers),
+                     "bos_token_id": special["<|endoftext|>"], "eos_token_id": special["<|im_end|>"],
+                     "pad_token_id": special["<|endoftext|>"]},
+        vision_config={**QWEN25_VL_VISION, "depth": depth, "fullatt_block_indexes": full},
+        image_token_id=special["<|image_pad|>"], video_token_id=special["<|video_pad|>"],
+        vision_start_token_id=special["<|vision_start|>"], vision_end_token_id=special["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    return Qwen2_5_VLForConditionalGeneration(config)
+
+
+def _flux_blocks(total: int | None) -> tuple[int, int]:
+    """(double, single) blocks: real 19 + 38, or ``total`` split in the same 1:2 ratio, at least one of each."""
+    real_double, real_single = FLUX1_DEV_TRANSFORMER["num_layers"], FLUX1_DEV_TRANSFORMER["num_single_layers"]
+    if total is None:
+        return real_double, real_single
+    double = max(1, min(real_double, round(total * real_double / (real_double + real_single))))
+    return double, max(1, min(real_single, total - double))
+
+
+def transformer_config(family: str, transformer_layers: int | None = None) -> dict:
+    """The family's transformer config, its depth reduced to ``transformer_layers`` when given.
+
+    SD3.5: the first ``n`` blocks (dual attention where the real model has it). FLUX.1: ``n`` blocks in all,
+    double and single in the real 1:2 ratio, at least one of each. Qwen-Image: ``n`` blocks.
+    """
+    if family == "sd35-medium":
+        n = _depth(SD35_MEDIUM_TRANSFORMER["num_layers"], transformer_layers)
+        dual = tuple(i for i in SD35_MEDIUM_TRANSFORMER["dual_attention_layers"] if i < n)
+        return {**SD35_MEDIUM_TRANSFORMER, "num_layers": n, "dual_attention_layers": dual}
+    if family == "flux1-dev":
+        double, single = _flux_blocks(transformer_layers)
+        return {**FLUX1_DEV_TRANSFORMER, "num_layers": double, "num_single_layers": single}
+    if family == "qwen-image":
+        return {**QWEN_IMAGE_TRANSFORMER, "num_layers": _depth(QWEN_IMAGE_TRANSFORMER["num_layers"],
+                                                               transformer_layers)}
+    raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+_TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "flux1-dev": FluxTransformer2DModel,
+                        "qwen-image": QwenImageTransformer2DModel}
+
+
+def build_transformer(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
+                      transformer_layers: int | None = None, seed: int = 0) -> torch.nn.Module:
+    """The family's transformer alone (frozen, eval mode)."""
+    device = _device(device)
+    with _building(device, seed):
+        model = _TRANSFORMER_CLASSES[family](**transformer_config(family, transformer_layers))
+    return _finish(model, device, dtype)
+
+
+def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
+              seed: int = 1) -> AutoencoderKL | AutoencoderKLQwenImage:
+    """The family's VAE alone (frozen, eval mode)."""
+    device = _device(device)
+    with _building(device, seed):
+        if family == "qwen-image":
+            vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
+        else:
+            vae = AutoencoderKL(**(SD3_VAE if family == "sd35-medium" else FLUX1_VAE))
+    return _finish(vae, device, dtype)
+
+
+# --- the pipelines ---
+
+def sd35_medium(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+                transformer_layers: int | None = None, max_sequence_length: int = 256,
+                seed: int = 0) -> StableDiffusion3Pipeline:
+    """A ``StableDiffusion3Pipeline`` shaped like Stable Diffusion 3.5 Medium (MMDiT-X, CLIP-L, CLIP-G, T5-XXL)."""
+    device = _device(device)
+    transformer = build_transformer("sd35-medium", device, dtype, transformer_layers, seed)
+    vae = build_vae("sd35-medium", device, dtype, seed + 1)
+    encoders = []
+    for i, make in enumerate((lambda: clip_text_encoder(text_layers, projection=True),
+                              lambda: clip_text_encoder(text_layers, projection=True, big=True),
+                              lambda: t5_text_encoder(text_layers))):
+        with _building(device, seed + 2 + i):
+            encoders.append(_finish(make(), device, dtype))
+    return StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER), vae=vae,
+        text_encoder=encoders[0], tokenizer=tok.clip_tokenizer(),
+        text_encoder_2=encoders[1], tokenizer_2=tok.clip_tokenizer(),
+        text_encoder_3=encoders[2], tokenizer_3=tok.t5_tokenizer(max_sequence_length),
+    )
+
+
+def flux1_dev(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+              transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0) -> FluxPipeline:
+    """A ``FluxPipeline`` shaped like FLUX.1-dev (19 double + 38 single blocks, guidance embedding, CLIP-L, T5-XXL).
+
+    ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
+    """
+    device = _device(device)
+    transformer = build_transformer("flux1-dev", device, dtype, transformer_layers, seed)
+    vae = build_vae("flux1-dev", device, dtype, seed + 1)
+    with _building(device, seed + 2):
+        clip = _finish(clip_text_encoder(text_layers, projection=False), device, dtype)
+    with _building(device, seed + 3):
+        t5 = _finish(t5_text_encoder(text_layers), device, dtype)
+    return FluxPipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_DEV_SCHEDULER), vae=vae,
+        text_encoder=clip, tokenizer=tok.clip_tokenizer(),
+        text_encoder_2=t5, tokenizer_2=tok.t5_tokenizer(max_sequence_length),
+    )
+
+
+def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+               transformer_layers: int | None = None, seed: int = 0) -> QwenImagePipeline:
+    """A ``QwenImagePipeline`` shaped like Qwen-Image (60-block MMDiT, 3D VAE, Qwen2.5-VL-7B text encoder).
+
+    The tokenizer is the tiny Qwen BPE trained on the pipeline's prompt template, so the template prefix is the
+    34 tokens the pipeline drops, as with the real vocabulary.
+    """
+    device = _device(device)
+    tokenizer = tok.qwen_tokenizer(QWEN_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB)
+    transformer = build_transformer("qwen-image", device, dtype, transformer_layers, seed)
+    vae = build_vae("qwen-image", device, dtype, seed + 1)
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN_SPECIAL_TOKENS}
+    with _building(device, seed + 2):
+        text_encoder = _finish(qwen_text_encoder(text_layers, special, len(tokenizer)), device, dtype)
+    return QwenImagePipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
+                             vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": sd35_medium, "flux1-dev": flux1_dev,
+                                              "qwen-image": qwen_image}
+
+
+# --- real sizes, from meta builds ---
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _meta(make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    with torch.device("meta"):
+        return make()
+
+
+@cache
+def transformer_param_count(family: str) -> int:
+    """Parameters of the family's real transformer (buffers, e.g. SD3's positional table, not included)."""
+    return _count(build_transformer(family, "meta"))
+
+
+@cache
+def transformer_buffer_count(family: str) -> int:
+    """Elements of the real transformer's buffers (SD3: the 384 x 384 positional table; none for the others)."""
+    return sum(b.numel() for b in build_transformer(family, "meta").buffers())
+
+
+@cache
+def vae_param_count(family: str) -> int:
+    """Parameters of the family's real VAE."""
+    return _count(build_vae(family, "meta"))
+
+
+@cache
+def sd35_medium_text_encoders(layers: int | None = None) -> dict[str, int]:
+    """Parameter counts of SD3.5 Medium's text encoders (CLIP-L, CLIP-G with projections, T5-XXL encoder) at real
+    width and vocabulary; ``layers`` deep (None = real depth)."""
+    return {
+        "text_encoder": _count(_meta(lambda: clip_text_encoder(layers, True, vocab_size=REAL_VOCAB["clip"]))),
+        "text_encoder_2": _count(_meta(lambda: clip_text_encoder(layers, True, True, REAL_VOCAB["clip"]))),
+        "text_encoder_3": _count(_meta(lambda: t5_text_encoder(layers, REAL_VOCAB["t5"]))),
+    }
+
+
+@cache
+def flux1_dev_text_encoders(layers: int | None = None) -> dict[str, int]:
+    """Parameter counts of FLUX.1-dev's text encoders (CLIP-L without projection, T5-XXL encoder) at real width
+    and vocabulary; ``layers`` deep (None = real depth)."""
+    return {
+        "text_encoder": _count(_meta(lambda: clip_text_encoder(layers, False, vocab_size=REAL_VOCAB["clip"]))),
+        "text_encoder_2": _count(_meta(lambda: t5_text_encoder(layers, REAL_VOCAB["t5"]))),
+    }
+
+
+@cache
+def qwen_image_text_encoders(layers: int | None = None) -> dict[str, int]:
+    """Parameter count of Qwen-Image's text encoder: all of Qwen2.5-VL-7B, as the pipeline loads it, at real width
+    and vocabulary; ``layers`` deep (None = real depth).
+
+    The pipeline holds the whole ``Qwen2_5_VLForConditionalGeneration`` (vision tower and LM head included)
+    although encoding a prompt runs only the language model; ``qwen_image_text_encoder_parts`` splits it.
+    """
+    return {"text_encoder": sum(qwen_image_text_encoder_parts(layers).values())}
+
+
+@cache
+def qwen_image_text_encoder_parts(layers: int | None = None) -> dict[str, int]:
+    """Qwen2.5-VL-7B's parameters by part: language model, LM head, vision tower."""
+    model = _meta(lambda: qwen_text_encoder(layers, QWEN25_VL_SPECIAL, REAL_VOCAB["qwen"]))
+    return {"language_model": _count(model.model.language_model), "lm_head": _count(model.lm_head),
+            "vision_tower": _count(model.model.visual)}
+
+
+def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[str, int]:
+    """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
+    real width and vocabulary."""
+    counts = {"sd35-medium": sd35_medium_text_encoders, "flux1-dev": flux1_dev_text_encoders,
+              "qwen-image": qwen_image_text_encoders}
+    if family not in counts:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    return counts[family](layers)
