@@ -11,7 +11,7 @@ import torch
 
 from components.errors import ModelLoadError
 from components.trainer.config import ModelConfig
-from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
+from components.trainer.models.base import TEXT_ENCODERS, FlowMatchingModel, PromptEmbeddings
 
 __all__ = ["FlowMatchingModel", "PromptEmbeddings", "load_model", "resolve_device"]
 
@@ -82,7 +82,7 @@ def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> Flo
         pipe = _load_diffusers(config.path, dtype)
     if on_device:
         pipe.to(device=device)
-    for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+    for name in ("transformer", "vae", *TEXT_ENCODERS):
         module = getattr(pipe, name, None)
         if module is not None:
             module.eval().requires_grad_(False)
