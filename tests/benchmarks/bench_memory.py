@@ -2,6 +2,7 @@
 
     python tests/benchmarks/bench_memory.py [--recipes sd35-medium-ocr,flux1-dev-pickscore,qwenimage-ocr]
                                             [--cpu-families sd35-medium,flux1-dev,qwen-image] [--all-settings]
+                                            [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
 1. Estimated, every machine: each recipe at real shape (random weights, fake tensors: no memory, no compute,
    seconds on a CPU), at its per-worker batches, for every combination of train.gradient_checkpointing,
@@ -104,7 +105,10 @@ def calibration() -> None:
           f"{H100_SD35_PEAK_GIB / peak:.3f})")
 
 
-def estimates(recipes: list[str]) -> None:
+def estimates(recipes: list[str], depth: int | None) -> None:
+    if depth is not None:
+        print(f"\nsmoke run: transformers cut to {depth} blocks, so these are NOT the recipes' figures "
+              "(docs/MEMORY.md has them)")
     for recipe in recipes:
         config = load_config(CONFIG_DIR / f"{recipe}.yaml")
         family, world, t = RECIPES[recipe], config.cluster.workers.replicas, config.train
@@ -115,13 +119,15 @@ def estimates(recipes: list[str]) -> None:
         print(f"  {'setting':<33} {'sampling':>8} {'training':>8} {'encode':>7} {'peak':>6}")
         for ckpt, offload, sharding in itertools.product((False, True), (False, True), ("none", "fsdp")):
             start = time.perf_counter()
-            e = _estimate(config, family, ckpt=ckpt, offload=offload, world=world if sharding == "fsdp" else 1)
+            e = _estimate(config, family, ckpt=ckpt, offload=offload, world=world if sharding == "fsdp" else 1,
+                          transformer_layers=depth)
             mark = "*" if (ckpt, offload, sharding) == own else " "
             verdict = "fits" if e["peak_gib"] <= TARGET_GIB else "OVER"
             print(f"{mark} {_setting(ckpt, offload, sharding):<33} {e['sampling_peak_gib']:8.1f} "
                   f"{e['training_peak_gib']:8.1f} {e['encode_peak_gib']:7.1f} {e['peak_gib']:6.1f}  {verdict} "
                   f"({time.perf_counter() - start:.0f} s)")
-        own_figures = _estimate(config, family, ckpt=own[0], offload=own[1], world=world if own[2] == "fsdp" else 1)
+        own_figures = _estimate(config, family, ckpt=own[0], offload=own[1], world=world if own[2] == "fsdp" else 1,
+                                transformer_layers=depth)
         if own[1]:
             print(f"  with a prompt set over model.prompt_cache_gib the encoders visit each epoch beside the resident "
                   f"model: {own_figures['epoch_encode_peak_gib']:.1f} GiB in this recipe's setting")
@@ -296,6 +302,8 @@ def main() -> None:
     parser.add_argument("--cpu-families", default=",".join(FAMILY_RECIPE),
                         help="families measured on the CPU ('' = none)")
     parser.add_argument("--all-settings", action="store_true", help="on a GPU: checkpointing x offload")
+    parser.add_argument("--depth", type=int, default=None,
+                        help="estimate with this many transformer blocks (a quick smoke run; not the real figures)")
     parser.add_argument("--child", nargs=4, metavar=("FAMILY", "DEVICE", "CKPT", "OFFLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -306,8 +314,9 @@ def main() -> None:
 
     print(real_shapes.describe())
     recipes = [r for r in args.recipes.split(",") if r]
-    calibration()
-    estimates(recipes)
+    if args.depth is None:
+        calibration()
+    estimates(recipes, args.depth)
     cpu_measurements([f for f in args.cpu_families.split(",") if f])
     if torch.cuda.is_available():
         gpu_measurements(recipes, args.all_settings)
