@@ -226,9 +226,8 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     from components.trainer import loop
     from components.trainer import models as model_loading
 
-    config = load_config(CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml")
-    config = load_config(CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml",
-                         _epoch_overrides(config, cpu=cpu, ckpt=ckpt, offload=offload))
+    recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
+    config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))
     probe = RssProbe() if cpu else CudaProbe()
     figures: dict[str, float] = {}
     model_loading._load_diffusers = _pipeline_builder(family, cpu=cpu)
