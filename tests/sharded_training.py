@@ -12,7 +12,6 @@ import math
 import shutil
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
@@ -71,4 +70,3 @@ def plain_and_sharded_runs(rank: int, root: str, kinds: list[str]) -> None:
         _run(kind, work / "plain-then-fsdp", 3, "fsdp")
         _run(kind, work / "fsdp-then-plain", 3, "none")
         _run(kind, work / "plain", 3, "none")
-        torch.manual_seed(0)  # nothing above may depend on what ran before it in this process
