@@ -108,7 +108,7 @@ def overlap(epochs: int, batch_size: int) -> None:
     from components.trainer.loop import Trainer
     from pipeline.config import load_config
 
-    batch = [f"sampling.batch_size={batch_size}"]
+    batch = [f"sampling.batch_size_per_worker={batch_size}"]
     with tempfile.TemporaryDirectory() as out:
         base = Trainer(load_config(None, batch), Path(out) / "a", log=lambda _m: None)
         base.run_epoch()  # warm-up
