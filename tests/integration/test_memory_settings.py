@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from metric_rows import without_timing
 from safetensors.torch import load_file
 
 from components.errors import ConfigError
@@ -31,10 +32,6 @@ def _quiet(_msg: str) -> None:
 
 def _config(kind: str, *overrides: str):
     return load_config(FAMILIES[kind], [*SMALL, *overrides])
-
-
-def _rows(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith("time/") and k != "images_per_s"}
 
 
 def _lora(directory: Path) -> dict[str, torch.Tensor]:
@@ -103,7 +100,7 @@ def test_offloaded_text_encoders_are_released_and_the_run_is_unchanged(kind, tmp
     assert any(line.startswith(f"text encoders released: {len(offloaded.rows)} prompt embeddings cached")
                for line in lines)
     a, b = plain.fit(), offloaded.fit()
-    assert [_rows(r) for r in b.history] == [_rows(r) for r in a.history]
+    assert without_timing(b.history) == without_timing(a.history)
     la, lb = _lora(a.lora_dir), _lora(b.lora_dir)
     assert la.keys() == lb.keys() and all(torch.equal(la[k], lb[k]) for k in la)
 

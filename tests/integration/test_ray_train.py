@@ -11,6 +11,7 @@ import uuid
 import psutil
 import pytest
 import torch
+from metric_rows import without_timing
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
@@ -22,7 +23,6 @@ from pipeline.config import load_config
 SMALL = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "tracking.system_metrics=false",
          "tracking.registered_model=null"]
-TIMING = ("time/sampling", "time/scoring", "time/training", "images_per_s")
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +35,6 @@ def local_ray():
     ray.shutdown()
 
 
-def _rows(history):
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in history]
-
-
 def _lines():
     lines: list[str] = []
     return lines, lines.append
@@ -49,7 +45,7 @@ def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(
     _, log = _lines()
     single = train(config, tmp_path / "single", log=log)
     one = train(config, tmp_path / "one", log=log, workers=1)
-    assert _rows(one.history) == _rows(single.history)
+    assert without_timing(one.history) == without_timing(single.history)
     a, b = load_file(str(single.lora_dir / ckpt.LORA_FILE)), load_file(str(one.lora_dir / ckpt.LORA_FILE))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

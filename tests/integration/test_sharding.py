@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from metric_rows import without_timing
 from process_group import run_in_process_group
 from safetensors.torch import load_file
 from sharded_training import FAMILIES, LAYOUT_FILE, plain_and_sharded_runs
@@ -19,8 +20,7 @@ def _lora(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _metrics(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "images_per_s"} for r in rows]
+    return without_timing([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()])
 
 
 def _same_rows(a: list[dict], b: list[dict]) -> bool:

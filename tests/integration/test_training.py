@@ -5,14 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from metric_rows import TIMING_KEYS, without_timing
 from safetensors.torch import load_file
 
 from components.errors import CheckpointError
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer, train
 from components.trainer.models.tiny_sd3 import build_tiny_sd3
-
-TIMING_KEYS = ("time/sampling", "time/scoring", "time/training", "images_per_s")
 
 
 def _quiet(_msg: str) -> None:
@@ -29,15 +28,11 @@ def _assert_same_lora(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
-def _rows(result):
-    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in result.history]
-
-
 def test_same_seed_same_metrics_and_lora_and_another_seed_differs(small_config, tmp_path):
     a = train(small_config(), tmp_path / "a", log=_quiet)
     b = train(small_config(), tmp_path / "b", log=_quiet)
     c = train(small_config("seed=1"), tmp_path / "c", log=_quiet)
-    assert _rows(a) == _rows(b)
+    assert without_timing(a.history) == without_timing(b.history)
     _assert_same_lora(_lora(a.lora_dir), _lora(b.lora_dir))
     assert not torch.equal(next(iter(_lora(a.lora_dir).values())), next(iter(_lora(c.lora_dir).values())))
     assert [row["epoch"] for row in a.history] == [1, 2]
@@ -97,7 +92,7 @@ def test_resume_gives_the_same_final_lora_as_an_uninterrupted_run(small_config, 
     train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
     resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)
     _assert_same_lora(_lora(full.lora_dir), _lora(resumed.lora_dir))
-    assert _rows(full) == _rows(resumed)
+    assert without_timing(full.history) == without_timing(resumed.history)
     s_full = ckpt.read_checkpoint(ckpt.latest_checkpoint(tmp_path / "full"))
     s_res = ckpt.read_checkpoint(ckpt.latest_checkpoint(tmp_path / "split"))
     assert s_full.optimizer_step == s_res.optimizer_step == 4 * 8 // 4

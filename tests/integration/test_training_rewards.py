@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from metric_rows import without_timing
 from safetensors.torch import load_file
 from servers import free_port, running_server
 
@@ -12,15 +13,9 @@ from components.reward_server.settings import ServerSettings
 from components.rewards.config import RewardSpec
 from components.trainer.loop import train
 
-TIMING = ("time/", "images_per_s")
-
 
 def _quiet(_m):
     pass
-
-
-def _rows(result):
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in result.history]
 
 
 def _server(*specs):
@@ -31,7 +26,7 @@ def test_remote_rewards_give_exactly_the_in_process_run(small_config, tmp_path):
     local = train(small_config(), tmp_path / "local", log=_quiet)
     with _server({"name": "brightness"}) as url:
         remote = train(small_config(f"reward_server.url={url}"), tmp_path / "remote", log=_quiet)
-    assert _rows(remote) == _rows(local)
+    assert without_timing(remote.history) == without_timing(local.history)
     a, b = load_file(str(local.lora_dir / "pytorch_lora_weights.safetensors")), load_file(
         str(remote.lora_dir / "pytorch_lora_weights.safetensors"))
     assert all((a[k] == b[k]).all() for k in a)
@@ -109,7 +104,7 @@ def test_default_config_learns_as_well_through_the_server(tmp_path):
     s = remote.learning_summary()
     assert s["learned"], s
     assert s == local.learning_summary()
-    assert json.dumps(_rows(remote)) == json.dumps(_rows(local))
+    assert json.dumps(without_timing(remote.history)) == json.dumps(without_timing(local.history))
 
 
 def test_each_sample_is_scored_with_its_own_prompt(small_config, tmp_path):
