@@ -100,18 +100,16 @@ class FlowMatchingModel(ABC):
     def transformer(self) -> torch.nn.Module:
         return self.pipeline.transformer
 
-    def to_device(self, *components: str) -> None:
-        """Move these pipeline components (``transformer``, ``vae``, ...) to the model's device."""
+    def to_device(self, *components: str, device: torch.device | None = None) -> None:
+        """Move these pipeline components (``transformer``, ``vae``, ...) to ``device`` (the model's by default);
+        components the pipeline lacks or has released are skipped."""
         for name in components:
             module = getattr(self.pipeline, name, None)
             if module is not None:
-                module.to(self.device)
+                module.to(device or self.device)
 
     def move_text_encoders(self, device: torch.device) -> None:
-        for name in TEXT_ENCODERS:
-            module = getattr(self.pipeline, name, None)
-            if module is not None:
-                module.to(device)
+        self.to_device(*TEXT_ENCODERS, device=device)
 
     def release_text_encoders(self) -> None:
         """Drop the text encoders: every embedding the run needs has been computed."""
