@@ -70,3 +70,14 @@ def plain_and_sharded_runs(rank: int, root: str, kinds: list[str]) -> None:
         _run(kind, work / "plain-then-fsdp", 3, "fsdp")
         _run(kind, work / "fsdp-then-plain", 3, "none")
         _run(kind, work / "plain", 3, "none")
+
+
+COMPILED = ["train.compile=true", "train.gradient_checkpointing=true"]
+
+
+def compiled_sharded_run(rank: int, root: str, kind: str) -> None:
+    """``train.compile`` with FSDP and gradient checkpointing, 2 epochs, beside a plain eager run."""
+    work = Path(root) / kind
+    run_worker(load_config(FAMILIES[kind], [*RUN, "train.epochs=2", "train.sharding=fsdp", *COMPILED]),
+               RunOutput(work / "fsdp-compiled"), log=_quiet, collective=TorchCollective())
+    _run(kind, work / "plain", 2, "none")

@@ -163,6 +163,17 @@ class TrainConfig(Section):
         description="recompute each transformer block's activations in the backward pass instead of keeping them "
                     "(training forward only; sampling is unchanged); same gradients, less memory, ~1 more forward",
     )
+    compile: bool = Field(
+        default=False,
+        description="compile each repeated transformer block once with torch.compile (regional compilation) and "
+                    "use it in the sampling, training and KL reference forwards; the first epoch pays the compile",
+    )
+    cfg_uncond_grad: bool = Field(
+        default=True,
+        description="with train_cfg: let the gradient flow through the unconditional (negative-prompt) CFG branch "
+                    "too (the exact gradient); false runs that branch without gradient, as an earlier upstream "
+                    "version did: a cheaper backward and a different gradient",
+    )
     sharding: Literal["none", "fsdp"] = Field(
         default="none",
         description="`fsdp`: shard the frozen transformer weights across the Ray Train workers (PyTorch FSDP2, per "
@@ -219,6 +230,9 @@ class TrainingJobConfig(Section):
             raise ValueError("; ".join(problems))
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
+        if not t.cfg_uncond_grad and not t.train_cfg:
+            raise ValueError("train.cfg_uncond_grad is false but train.train_cfg is false: the training forward has "
+                             "no unconditional CFG branch; remove train.cfg_uncond_grad or set train.train_cfg true")
         if self.model.kind in TINY_GUIDANCE:
             check_guidance(self, TINY_GUIDANCE[self.model.kind], self.model.kind)
         check_unique_keys(self.rewards, "rewards")

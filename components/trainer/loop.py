@@ -31,6 +31,7 @@ from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.collective import Collective
+from components.trainer.compilation import compile_transformer
 from components.trainer.config import TrainingJobConfig, check_guidance, describe_batches, epoch_split_problems
 from components.trainer.ema import LoRAEMA
 from components.trainer.metrics import MetricsFile, learning_summary, progress_line
@@ -122,6 +123,7 @@ def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel) -> Upd
         batch_size=t.batch_size_per_worker, gradient_accumulation_steps=t.gradient_accumulation_steps,
         inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
         guidance_scale=model.training_guidance_scale(config.sampling.guidance_scale, t.train_cfg),
+        cfg_uncond_grad=t.cfg_uncond_grad,
     )
 
 
@@ -224,6 +226,7 @@ class Trainer:
         t = config.train
         self.optimizer = torch.optim.AdamW(
             self.params, lr=t.learning_rate, betas=t.adam_betas, weight_decay=t.weight_decay, eps=t.adam_eps,
+            fused=self.model.device.type == "cuda" or None,  # one kernel for all LoRA tensors on CUDA
         )
         self.ema = LoRAEMA(self.params, t.ema.decay, t.ema.update_every) if t.ema.enabled else None
         self.epoch = 0
@@ -250,6 +253,9 @@ class Trainer:
             self.model.to_device("transformer")
         if cfg.train.gradient_checkpointing:
             self.model.transformer.enable_gradient_checkpointing()
+        if cfg.train.compile:
+            say(f"torch.compile: {compile_transformer(self.model)} transformer blocks (compiled during the first "
+                "epoch)")
         say("batches: " + describe_batches(cfg, world.world_size))
         return params
 

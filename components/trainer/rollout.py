@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,6 +48,11 @@ class Rollout:
     trajectory: torch.Tensor  # (B, T + 1, *latent) float32: stored step t goes from [:, t] to [:, t + 1]
     log_probs: torch.Tensor  # (B, T) float32
     images: np.ndarray  # (B, H, W, 3) uint8, what rewards score
+    levels: list[tuple[float, float]] = field(init=False, repr=False)  # (sigma, sigma_next) per stored step
+
+    def __post_init__(self) -> None:
+        # as host numbers once: reading a tensor element at every training forward costs a dispatch each time
+        self.levels = list(zip(self.sigmas.tolist(), self.sigmas_next.tolist(), strict=True))
 
     def __len__(self) -> int:
         return self.prompt_index.shape[0]
@@ -55,16 +60,19 @@ class Rollout:
 
 def step_log_prob(
     model: FlowMatchingModel, rollout: Rollout, sample_idx: torch.Tensor, t: int, settings: SamplerSettings,
-    guidance_scale: float,
+    guidance_scale: float, *, cond: PromptEmbeddings | None = None, uncond_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-prob of the stored transition ``t`` of samples ``sample_idx`` under the current weights.
 
+    ``cond``: the samples' prompt embeddings, when the caller selected them once for all timesteps.
+    ``uncond_grad``: see ``FlowMatchingModel.predict_velocity``.
     Returns ``(log_prob, mean, std_dev_t)``; differentiable through ``mean``.
     """
     x = rollout.trajectory[sample_idx, t]
-    cond = rollout.embeds.select(rollout.prompt_index[sample_idx])
-    sigma, sigma_next = float(rollout.sigmas[t]), float(rollout.sigmas_next[t])
-    v = model.predict_velocity(x, sigma, cond, guidance_scale)
+    if cond is None:
+        cond = rollout.embeds.select(rollout.prompt_index[sample_idx])
+    sigma, sigma_next = rollout.levels[t]
+    v = model.predict_velocity(x, sigma, cond, guidance_scale, uncond_grad)
     _, log_prob, mean, std_dev_t = sde_step_with_logprob(
         v, sigma, sigma_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
         prev_sample=rollout.trajectory[sample_idx, t + 1],
@@ -95,6 +103,7 @@ def sample_rollout(
         embeds = model.encode_prompts(prompts)
     prompt_index = torch.arange(len(prompts), device=model.device).repeat_interleave(group_size)
     sigmas = model.sigmas(settings.num_steps, settings.resolution)
+    levels = sigmas.tolist()
     shape = model.latent_shape(settings.resolution)
     sde_steps, train_steps = set(settings.sde_steps), settings.train_steps
     if train_steps != tuple(range(train_steps[0], train_steps[0] + len(train_steps))):
@@ -107,7 +116,7 @@ def sample_rollout(
         x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
         states, lps = [], []
         for i in range(settings.num_steps):
-            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+            s, s_next = levels[i], levels[i + 1]
             v = model.predict_velocity(x, s, cond, settings.guidance_scale)
             if i in sde_steps:
                 x_next, lp, _, _ = sde_step_with_logprob(

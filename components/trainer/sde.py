@@ -16,9 +16,12 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 def _per_sample(value: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Broadcast a float or a (B,) tensor to shape (B, 1, ..., 1) in float32."""
-    t = torch.as_tensor(value, dtype=torch.float32, device=like.device)
-    if t.ndim == 0:
-        t = t.expand(like.shape[0])
+    if isinstance(value, torch.Tensor):
+        t = value.to(device=like.device, dtype=torch.float32)
+        if t.ndim == 0:
+            t = t.expand(like.shape[0])
+    else:  # filled on the device: a tensor made from a host number would be a copy that waits for the device
+        t = torch.full((like.shape[0],), float(value), dtype=torch.float32, device=like.device)
     if t.shape != (like.shape[0],):
         raise ValueError(f"sigma must be a float or a tensor of shape ({like.shape[0]},), got {tuple(t.shape)}")
     return t.view(-1, *([1] * (like.ndim - 1)))

@@ -25,6 +25,7 @@ class UpdateSettings:
     beta: float
     max_grad_norm: float
     guidance_scale: float  # guidance in the training forward: the sampling scale with train_cfg, else 1
+    cfg_uncond_grad: bool = True  # the gradient also flows through CFG's unconditional branch
 
 
 def policy_update(
@@ -57,12 +58,15 @@ def policy_update(
     for _ in range(settings.inner_epochs):
         order = torch.randperm(len(rollout), generator=generator).to(rollout.prompt_index.device)
         for i, idx in enumerate(order.split(settings.batch_size)):
+            cond = rollout.embeds.select(rollout.prompt_index[idx])
             for t in range(n_steps):
-                log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale)
+                log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale,
+                                                          cond=cond, uncond_grad=settings.cfg_uncond_grad)
                 ref_mean = None
                 if settings.beta > 0:
                     with torch.no_grad(), model.adapter_disabled():
-                        _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale)
+                        _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale,
+                                                       cond=cond)
                 loss, metrics = flow_grpo_loss(
                     log_prob, rollout.log_probs[idx, t], advantages[idx], clip_range=settings.clip_range,
                     mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=settings.beta,

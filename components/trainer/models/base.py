@@ -9,17 +9,20 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
 from peft import LoraConfig
+from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict
 
 from components.trainer.config import GuidanceMode, LoRAConfig
 
+T = TypeVar("T")
 ADAPTER_NAME = "default"
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
@@ -29,6 +32,14 @@ class PromptEmbeddings:
     """Text conditioning as named tensors whose first dimension is the batch."""
 
     tensors: dict[str, torch.Tensor]
+    _memo: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
+
+    def cached(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()`` once per embedding object: what the forwards derive from it at every step (the CFG
+        batch, whether a mask pads anything) is derived once, and a test read of a device tensor syncs once."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]  # type: ignore[return-value]
 
     def __len__(self) -> int:
         return next(iter(self.tensors.values())).shape[0]
@@ -72,6 +83,17 @@ JOINT_ATTENTION_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0
                            "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
 
 
+class _ComputeInInputDtype(torch.nn.Linear):
+    """A LoRA factor whose float32 weight is cast to its input's dtype for the matmul: the LoRA runs in the
+    model's dtype (bf16 tensor cores) while the optimizer keeps float32 weights, and gradients reach them through
+    the cast. peft's own path casts the activations up to float32 instead, a float32 matmul and two copies of the
+    activations per adapted layer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return torch.nn.functional.linear(x, self.weight.to(x.dtype), bias)
+
+
 class FlowMatchingModel(ABC):
     """A diffusers pipeline seen through the operations FlowGRPO needs."""
 
@@ -87,6 +109,7 @@ class FlowMatchingModel(ABC):
         self.negative_prompt = negative_prompt
         self.lora_config: LoraConfig | None = None
         self._negative: PromptEmbeddings | None = None
+        self._negative_rows: dict[int, PromptEmbeddings] = {}
 
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""
@@ -120,7 +143,16 @@ class FlowMatchingModel(ABC):
     def blocks(self) -> list[torch.nn.Module]:
         """The transformer's repeated blocks (the units of sharding and activation checkpointing)."""
         kinds = set(getattr(self.transformer, "_no_split_modules", None) or ())
-        return [m for m in self.transformer.modules() if type(m).__name__ in kinds]
+        # by the class or its bases: FSDP swaps each sharded block's class for a subclass (FSDP<name>)
+        return [m for m in self.transformer.modules() if any(c.__name__ in kinds for c in type(m).__mro__)]
+
+    def compile_blocks(self) -> int:
+        """Compile each repeated transformer block in place (regional compilation: the blocks share one compiled
+        graph); returns how many. Sampling, training and the KL reference then all run the compiled blocks."""
+        blocks = self.blocks()
+        for block in blocks:
+            block.compile()
+        return len(blocks)
 
     def trim_embedding(self, row: PromptEmbeddings) -> PromptEmbeddings:
         """One prompt's embedding without the padding its batch added (families with masks trim it)."""
@@ -181,15 +213,25 @@ class FlowMatchingModel(ABC):
         return uncond + scale * (cond - uncond)
 
     def predict_velocity(
-        self, latents: torch.Tensor, sigma: float, cond: PromptEmbeddings, guidance_scale: float
+        self, latents: torch.Tensor, sigma: float, cond: PromptEmbeddings, guidance_scale: float,
+        uncond_grad: bool = True,
     ) -> torch.Tensor:
-        """Velocity under the family's guidance at ``guidance_scale`` (CFG only when > 1); float32."""
+        """Velocity under the family's guidance at ``guidance_scale`` (CFG only when > 1); float32.
+
+        With ``uncond_grad`` false the negative-prompt branch runs on its own without autograd (a cheaper
+        backward, a different gradient: ``train.cfg_uncond_grad``)."""
         x = latents.to(self.dtype)
         if guidance_scale == 1.0 or self.guidance_mode in ("embedded", "none"):
             return self._forward(x, sigma, cond, guidance_scale).float()
-        negative = self.negative_embeddings().expand_to(len(cond))
-        if self.batch_cfg:
-            both = PromptEmbeddings.cat([negative, cond])
+        if len(cond) not in self._negative_rows:
+            self._negative_rows[len(cond)] = self.negative_embeddings().expand_to(len(cond))
+        negative = self._negative_rows[len(cond)]
+        if not uncond_grad and torch.is_grad_enabled():
+            cond_v = self._forward(x, sigma, cond, guidance_scale).float()
+            with torch.no_grad():
+                uncond_v = self._forward(x, sigma, negative, guidance_scale).float()
+        elif self.batch_cfg:
+            both = cond.cached("cfg_batch", lambda: PromptEmbeddings.cat([negative, cond]))
             uncond_v, cond_v = self._forward(torch.cat([x, x]), sigma, both, guidance_scale).float().chunk(2)
         else:
             cond_v = self._forward(x, sigma, cond, guidance_scale).float()
@@ -217,6 +259,12 @@ class FlowMatchingModel(ABC):
         for p in params:
             p.data = p.data.float()
             p.requires_grad_(True)
+        for layer in self.transformer.modules():
+            if isinstance(layer, LoraLayer):
+                layer.cast_input_dtype_enabled = False
+                for factor in (*layer.lora_A.values(), *layer.lora_B.values()):
+                    if type(factor) is torch.nn.Linear:
+                        factor.__class__ = _ComputeInInputDtype
         return params
 
     @contextlib.contextmanager

@@ -42,7 +42,7 @@ class QwenImageModel(PackedLatentModel):
             hidden_states=latents, timestep=self._timestep(latents, sigma),
             encoder_hidden_states=embeds.tensors["prompt_embeds"],
             # as the pipeline: no mask when nothing is padded (the unmasked attention path)
-            encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+            encoder_hidden_states_mask=None if embeds.cached("unpadded", lambda: bool(mask.all())) else mask,
             img_shapes=[[(1, grid, grid)]] * latents.shape[0], return_dict=False,
         )[0]
 
