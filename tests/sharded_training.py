@@ -76,7 +76,7 @@ COMPILED = ["train.compile=true", "train.gradient_checkpointing=true"]
 
 
 def compiled_sharded_run(rank: int, root: str, kind: str) -> None:
-    """``train.compile`` with FSDP and gradient checkpointing, 2 epochs, beside a plain eager run."""
+    """``train.compile`` with FSDP and gradient checkpointing, 2 epochs, beside a plain eager run (tiny-sd3)."""
     work = Path(root) / kind
     run_worker(load_config(FAMILIES[kind], [*RUN, "train.epochs=2", "train.sharding=fsdp", *COMPILED]),
                RunOutput(work / "fsdp-compiled"), log=_quiet, collective=TorchCollective())

@@ -91,4 +91,6 @@ def policy_update(
                 counts["grad_norm"] += 1
                 if ema is not None:
                     ema.step(params, optimizer_step)
-    return {k: float(sums[k]) / counts[k] for k in sums}, optimizer_step
+    keys = list(sums)  # one host read for every metric, not one per key (per-step keys grow with the steps)
+    totals = torch.stack([torch.as_tensor(sums[k]) for k in keys]).double().cpu().tolist()
+    return {k: total / counts[k] for k, total in zip(keys, totals, strict=True)}, optimizer_step
