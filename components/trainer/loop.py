@@ -127,12 +127,14 @@ def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel) -> Upd
     )
 
 
-RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, the memory settings (train.gradient_checkpointing, "
-                     "train.sharding, model.offload_text_encoders, model.prompt_cache_gib), tracking, reward_server, "
-                     "reward timeouts and the pipeline sections (eval, eval_rewards, cluster)")
-# how memory is spent, not what is computed: a run may resume sharded from an unsharded checkpoint and back
-_MEMORY_SETTINGS = {"train": ("gradient_checkpointing", "sharding"), "model": ("offload_text_encoders",
-                                                                               "prompt_cache_gib")}
+RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, the memory and speed settings "
+                     "(train.gradient_checkpointing, train.sharding, train.compile, model.offload_text_encoders, "
+                     "model.prompt_cache_gib), tracking, reward_server, reward timeouts and the pipeline sections "
+                     "(eval, eval_rewards, cluster)")
+# how memory and time are spent, not what is computed: a run may resume sharded from an unsharded checkpoint, or
+# eager from a compiled one, and back (train.cfg_uncond_grad changes the gradient and stays in the fingerprint)
+_EXECUTION_SETTINGS = {"train": ("gradient_checkpointing", "sharding", "compile"),
+                       "model": ("offload_text_encoders", "prompt_cache_gib")}
 
 
 def _fingerprint(config: TrainingJobConfig) -> dict:
@@ -142,7 +144,7 @@ def _fingerprint(config: TrainingJobConfig) -> dict:
     data = config.model_dump(mode="json", include=set(TrainingJobConfig.model_fields))
     data["train"].pop("epochs")
     data["train"].pop("checkpoint_every")
-    for section, keys in _MEMORY_SETTINGS.items():
+    for section, keys in _EXECUTION_SETTINGS.items():
         for key in keys:
             data[section].pop(key)
     data.pop("reward_server")

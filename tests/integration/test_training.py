@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from components.errors import CheckpointError
 from components.trainer import checkpoint as ckpt
-from components.trainer.loop import Trainer, train
+from components.trainer.loop import Trainer, _fingerprint, train
 from components.trainer.models.tiny_sd3 import build_tiny_sd3
 
 
@@ -111,6 +111,11 @@ def test_resume_refusals(small_config, tmp_path):
         train(small_config(), tmp_path / "run", log=_quiet)
     with pytest.raises(CheckpointError, match=r"differs from the checkpoint's in train\.learning_rate"):
         train(small_config("train.learning_rate=0.01"), tmp_path / "run", resume=True, log=_quiet)
+    with pytest.raises(CheckpointError, match=r"in sampling\.guidance_scale, train\.cfg_uncond_grad, train\.train_cfg \("):
+        train(small_config("sampling.guidance_scale=2", "train.train_cfg=true", "train.cfg_uncond_grad=false"),
+              tmp_path / "run", resume=True, log=_quiet)
+    # compiled or eager computes the same thing: the fingerprint a checkpoint must match leaves it out
+    assert _fingerprint(small_config("train.compile=true")) == _fingerprint(small_config())
     # where and how patiently rewards are scored may change
     resumed = train(small_config("rewards.0.timeout_s=60", "reward_server.retries=5"), tmp_path / "run",
                     resume=True, log=_quiet)
