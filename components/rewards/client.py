@@ -1,17 +1,22 @@
 """The trainer's client for `flowgrpo reward-server`: async HTTP on a background event loop, with a
-connection pool, a timeout, bounded in-flight requests and retries on transient failures."""
+connection pool, a timeout, bounded in-flight requests, retries on transient failures within a time window,
+and a liveness watch: a server that stops answering its /healthz for that window fails the request, so a
+frozen server stops the run instead of stalling it for the request timeout."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import httpx
 import numpy as np
 
+from components.console import status_line
 from components.errors import RewardError
 from components.rewards.base import RewardOutput
 from components.rewards.codec import encode_raw_b64
@@ -24,6 +29,8 @@ from components.rewards.wire import RawPixels, RewardsResponse, ScoreRequest, Sc
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
 BACKOFF_S = 0.5
+PROBE_INTERVAL_S = 5.0  # how often an in-flight request checks that the server still answers /healthz
+CLOSE_TIMEOUT_S = 10.0
 
 
 class RemoteRewardSet:
@@ -35,10 +42,11 @@ class RemoteRewardSet:
         self.config = config
         self.weights = {s.key: s.weight for s in specs}
         self.required = {s.key for s in specs if s.required}
+        self._probe_interval = min(PROBE_INTERVAL_S, config.retry_window_s / 4)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="reward-client", daemon=True)
         self._thread.start()
-        self._client = self._run(self._make_client())
+        self._client, self._probe = self._run(self._make_clients())
         self._semaphore = asyncio.Semaphore(config.max_in_flight)
         try:
             served = self._run(self._served())
@@ -52,22 +60,56 @@ class RemoteRewardSet:
                               f"it serves {', '.join(sorted(served)) or 'nothing'}")
         self.groupwise = {k for k in self.weights if served[k] == "groupwise"}
 
-    def _run(self, coro):
+    def _run(self, coro: Awaitable[Any]) -> Any:
+        """Run ``coro`` on the client's loop and wait for it. ``close`` cancels whatever is still running, so a
+        caller never waits on a loop that has stopped."""
+        if self._loop.is_closed():
+            raise RewardError(f"reward server {self.url}: the client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _make_client(self) -> httpx.AsyncClient:
+    async def _make_clients(self) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
         limits = httpx.Limits(max_connections=self.config.max_in_flight,
                               max_keepalive_connections=self.config.max_in_flight)
-        return httpx.AsyncClient(timeout=self.config.timeout_s, limits=limits)
+        # the liveness probe has a connection of its own: scoring requests may hold every pooled one
+        return (httpx.AsyncClient(timeout=self.config.timeout_s, limits=limits),
+                httpx.AsyncClient(timeout=self._probe_interval))
+
+    async def _alive(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return (await self._probe.get(f"{self.url}/healthz")).status_code == 200
+        return False
+
+    async def _watched(self, request: Awaitable[httpx.Response], url: str) -> httpx.Response:
+        """``request``, failed once the server has not answered /healthz for the retry window."""
+        task = asyncio.ensure_future(request)
+        window, last_alive = self.config.retry_window_s, time.monotonic()
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=self._probe_interval)
+            if done:
+                return task.result()
+            if await self._alive():
+                last_alive = time.monotonic()
+            elif time.monotonic() - last_alive > window:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                raise RewardError(f"reward server {url}: no answer to /healthz for {window:g} s "
+                                  "(reward_server.retry_window_s): the server is frozen or unreachable")
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         url = f"{self.url}{path}"
+
+        def on_retry(line: str) -> None:
+            status_line(f"reward server {url}: {line}")
+
+        request = send_with_retries(lambda: self._client.request(method, url, **kwargs), retries=None,
+                                    backoff_s=BACKOFF_S, limit=self._semaphore,
+                                    window_s=self.config.retry_window_s, on_retry=on_retry)
         try:
-            response = await send_with_retries(lambda: self._client.request(method, url, **kwargs),
-                                               retries=self.config.retries, backoff_s=BACKOFF_S,
-                                               limit=self._semaphore)
+            response = await self._watched(request, url)
         except RetriesExhausted as exc:
-            raise RewardError(f"reward server {url}: {exc}") from exc
+            raise RewardError(f"reward server {url}: {exc} (reward_server.retry_window_s "
+                              f"{self.config.retry_window_s:g} s)") from exc
         if response.status_code >= 400:
             raise RewardError(f"reward server {url} answered {response.status_code}: {response.text[:EXCERPT]}")
         return response
@@ -88,11 +130,23 @@ class RemoteRewardSet:
         return {k: RewardOutput(scores=np.array([np.nan if s is None else s for s in results[k].scores], dtype=float),
                                 errors=list(results[k].errors), extra=results[k].extra) for k in keys}
 
+    async def _shutdown(self) -> None:
+        """Cancel every request still in flight (their callers get the cancellation, not a wait forever), then
+        close the connections."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in (getattr(self, "_client", None), getattr(self, "_probe", None)):
+            if client is not None:
+                await client.aclose()
+
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        if getattr(self, "_client", None) is not None:
-            self._run(self._client.aclose())
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=CLOSE_TIMEOUT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._loop.close()

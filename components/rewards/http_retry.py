@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 import httpx
 
 EXCERPT = 300
 MAX_RETRY_AFTER_S = 60.0  # a server asking for a longer pause is treated as failing
+MAX_BACKOFF_S = 15.0  # within a retry window, the pause between attempts stops doubling here
 
 
 class RetriesExhausted(Exception):
@@ -32,20 +34,38 @@ def retry_after_s(response: httpx.Response) -> float | None:
 
 
 async def send_with_retries(
-    send: Callable[[], Awaitable[httpx.Response]], *, retries: int, backoff_s: float,
-    timeout_s: float | None = None, limit: asyncio.Semaphore | None = None,
+    send: Callable[[], Awaitable[httpx.Response]], *, retries: int | None, backoff_s: float,
+    timeout_s: float | None = None, limit: asyncio.Semaphore | None = None, window_s: float | None = None,
+    on_retry: Callable[[str], None] | None = None,
 ) -> httpx.Response:
     """Call ``send`` until it returns a non-transient response (returned, whatever its status).
 
     Connection errors, timeouts (``timeout_s`` bounds one attempt), 408, 429 and 5xx are retried
-    ``retries`` times, sleeping ``backoff_s * 2**k`` with +-50% jitter (or longer when the server's
-    ``Retry-After`` asks for it), outside ``limit`` so a request that backs off does not hold an
-    in-flight slot.
+    ``retries`` times (``None``: no count limit) and, with ``window_s``, only while the next attempt would
+    start within ``window_s`` of the first; sleeping ``backoff_s * 2**k`` with +-50% jitter (at most
+    ``MAX_BACKOFF_S`` within a window, or longer when the server's ``Retry-After`` asks for it), outside
+    ``limit`` so a request that backs off does not hold an in-flight slot. ``on_retry`` hears one line per
+    retry: the attempt, the wait and the cause.
     """
-    problem, asked = "", 0.0
-    for attempt in range(retries + 1):
+    if retries is None and window_s is None:
+        raise ValueError("send_with_retries needs retries or window_s")
+    problem, asked, started = "", 0.0, time.monotonic()
+    attempt = 0
+    while True:
         if attempt:
-            await asyncio.sleep(max(asked, backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)))
+            if retries is not None and attempt > retries:
+                break
+            pause = max(asked, backoff_s * 2 ** min(attempt - 1, 30) * random.uniform(0.5, 1.5))
+            if window_s is not None:
+                pause = max(asked, min(pause, MAX_BACKOFF_S))
+                left = window_s - (time.monotonic() - started)
+                if pause >= left:
+                    break
+            if on_retry is not None:
+                budget = f"{retries} retries" if window_s is None else f"{left:.0f} s of the {window_s:g} s window left"
+                on_retry(f"attempt {attempt + 1} in {pause:.1f} s ({budget}): {problem}")
+            await asyncio.sleep(pause)
+        attempt += 1
         try:
             async with limit or contextlib.nullcontext(), asyncio.timeout(timeout_s):
                 response = await send()
@@ -53,10 +73,10 @@ async def send_with_retries(
             problem = f"timed out after {timeout_s:g} s"
             continue
         except httpx.TransportError as exc:
-            problem = f"{type(exc).__name__}: {exc}"
+            problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             continue
         if not is_transient(response.status_code):
             return response
         asked = retry_after_s(response) or 0.0
         problem = f"HTTP {response.status_code}: {response.text[:EXCERPT]}"
-    raise RetriesExhausted(f"gave up after {retries + 1} attempts, last: {problem}")
+    raise RetriesExhausted(f"gave up after {attempt} attempts in {time.monotonic() - started:.0f} s, last: {problem}")

@@ -193,6 +193,17 @@ class BackgroundScoring:
                     self._pool.submit(self.scorer.score, images, prompts, metadata, group_ids, self.pointwise))
 
     def finish(self) -> dict[str, RewardOutput]:
+        """Every sample's outputs, in order. On a failure the batches not yet started are dropped and the pool
+        is let go at once; the requests in flight end when the scorer is closed (the trainer always closes it)."""
+        try:
+            return self._collect()
+        except BaseException:
+            for future in self._pending:
+                future.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    def _collect(self) -> dict[str, RewardOutput]:
         results = [f.result() for f in self._pending]
         outputs = {k: concat_outputs([r[k] for r in results]) for k in self.pointwise}
         groupwise = [k for k in self.scorer.weights if k in self.scorer.groupwise]

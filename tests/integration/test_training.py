@@ -111,13 +111,14 @@ def test_resume_refusals(small_config, tmp_path):
         train(small_config(), tmp_path / "run", log=_quiet)
     with pytest.raises(CheckpointError, match=r"differs from the checkpoint's in train\.learning_rate"):
         train(small_config("train.learning_rate=0.01"), tmp_path / "run", resume=True, log=_quiet)
-    with pytest.raises(CheckpointError, match=r"in sampling\.guidance_scale, train\.cfg_uncond_grad, train\.train_cfg \("):
+    changed = r"in sampling\.guidance_scale, train\.cfg_uncond_grad, train\.train_cfg \("
+    with pytest.raises(CheckpointError, match=changed):
         train(small_config("sampling.guidance_scale=2", "train.train_cfg=true", "train.cfg_uncond_grad=false"),
               tmp_path / "run", resume=True, log=_quiet)
     # compiled or eager computes the same thing: the fingerprint a checkpoint must match leaves it out
     assert _fingerprint(small_config("train.compile=true")) == _fingerprint(small_config())
     # where and how patiently rewards are scored may change
-    resumed = train(small_config("rewards.0.timeout_s=60", "reward_server.retries=5"), tmp_path / "run",
+    resumed = train(small_config("rewards.0.timeout_s=60", "reward_server.retry_window_s=60"), tmp_path / "run",
                     resume=True, log=_quiet)
     assert [r["epoch"] for r in resumed.history] == [1, 2]
 

@@ -74,8 +74,9 @@ def test_optional_failing_reward_is_counted_not_fatal(small_config, tmp_path):
 
 def test_server_down_is_a_clear_error_after_retries(small_config, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RewardError, match=rf"reward server {url}/v1/rewards: gave up after 2 attempts, last: Connect"):
-        train(small_config(f"reward_server.url={url}", "reward_server.retries=1"), tmp_path, log=_quiet)
+    with pytest.raises(RewardError, match=rf"reward server {url}/v1/rewards: gave up after \d+ attempts in \d+ s, "
+                                          r"last: Connect.*\(reward_server\.retry_window_s 2 s\)"):
+        train(small_config(f"reward_server.url={url}", "reward_server.retry_window_s=2"), tmp_path, log=_quiet)
 
 
 def test_server_without_the_configured_reward_is_named(small_config, tmp_path):

@@ -63,7 +63,7 @@ def test_non_transient_status_is_returned_without_retry(scripted):
 def test_exhausted_retries_name_the_last_problem(scripted):
     url, script = scripted
     script.replies = [(503, {})] * 3
-    with pytest.raises(RetriesExhausted, match="gave up after 3 attempts, last: HTTP 503"):
+    with pytest.raises(RetriesExhausted, match=r"gave up after 3 attempts in \d+ s, last: HTTP 503"):
         _get(url, retries=2, backoff_s=0.01)
 
 

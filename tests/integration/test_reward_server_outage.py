@@ -1,0 +1,128 @@
+"""A reward server that dies, restarts or freezes under a running `flowgrpo train` (both real processes): the
+run stops within the retry window plus a few seconds, naming the server, with its checkpoints intact, or, when
+the server is back within the window, finishes exactly as an undisturbed run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+from metric_rows import without_timing
+from servers import free_port, wait_until_ok
+
+from components.trainer import checkpoint as ckpt
+from components.trainer.loop import train
+
+REPO = Path(__file__).resolve().parents[2]
+SLACK_S = 15  # the epoch in progress, and the process's own exit
+# 4 sampling batches an epoch: several scoring requests are in flight when the server goes away
+IN_FLIGHT = ["sampling.batch_size_per_worker=2", "train.epochs=500"]
+
+
+def _quiet(_m):
+    pass
+
+
+@contextmanager
+def _server(port: int) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "reward-server", "--rewards", "brightness",
+                             "--port", str(port), "--log-level", "warning"], cwd=REPO, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_ok(f"http://127.0.0.1:{port}/readyz", 60, dead=lambda: proc.poll() is not None and "exited")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+def _trainer(config, out: Path, port: int, *overrides: str) -> subprocess.Popen:
+    """`flowgrpo train` on ``config`` (the tests' small config) scored on the server at ``port``."""
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "train", "--config", str(path), "--output",
+                             str(out), f"reward_server.url=http://127.0.0.1:{port}", *overrides],
+                            cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "MLFLOW_TRACKING_URI": ""})
+
+
+def _epochs_done(out: Path) -> int:
+    path = out / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _wait_for_epochs(out: Path, n: int, trainer: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _epochs_done(out) < n:
+        assert trainer.poll() is None, trainer.stderr.read()
+        assert time.monotonic() < deadline, f"no epoch {n} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def _stopped_within(trainer: subprocess.Popen, bound_s: float) -> tuple[float, str]:
+    start = time.monotonic()
+    try:
+        _, stderr = trainer.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        trainer.kill()
+        pytest.fail(f"the trainer was still running {bound_s:g} s after the server went away")
+    return time.monotonic() - start, stderr
+
+
+def _assert_stopped_cleanly(out: Path, rc: int, stderr: str, port: int) -> None:
+    assert rc == 2, stderr
+    assert "Traceback" not in stderr
+    error = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and f"reward server http://127.0.0.1:{port}" in error[0], stderr
+    latest = ckpt.latest_checkpoint(out)  # the last checkpoint is complete and readable
+    assert latest is not None and ckpt.read_checkpoint(latest).epoch >= 1
+
+
+def test_a_killed_server_stops_the_run_within_the_window(small_config, tmp_path):
+    port, window = free_port(), 3
+    with _server(port) as server:
+        trainer = _trainer(small_config(*IN_FLIGHT), tmp_path / "run", port, f"reward_server.retry_window_s={window}")
+        _wait_for_epochs(tmp_path / "run", 1, trainer)
+        server.kill()
+        took, stderr = _stopped_within(trainer, window + SLACK_S)
+    _assert_stopped_cleanly(tmp_path / "run", trainer.returncode, stderr, port)
+    assert "gave up after" in stderr and "(reward_server.retry_window_s 3 s)" in stderr
+    assert "window left): ConnectError" in stderr  # each retry is logged with its cause
+    assert took < window + SLACK_S
+
+
+def test_a_frozen_server_stops_the_run_within_the_window(small_config, tmp_path):
+    port, window = free_port(), 3
+    with _server(port) as server:
+        trainer = _trainer(small_config(*IN_FLIGHT), tmp_path / "run", port, f"reward_server.retry_window_s={window}")
+        _wait_for_epochs(tmp_path / "run", 1, trainer)
+        os.kill(server.pid, signal.SIGSTOP)  # accepts connections (the kernel's backlog), answers nothing
+        took, stderr = _stopped_within(trainer, window + SLACK_S)
+    _assert_stopped_cleanly(tmp_path / "run", trainer.returncode, stderr, port)
+    assert "no answer to /healthz for 3 s" in stderr
+    assert took < window + SLACK_S
+
+
+def test_a_server_back_within_the_window_costs_nothing(small_config, tmp_path):
+    port, epochs = free_port(), 30
+    reference = train(small_config(f"train.epochs={epochs}"), tmp_path / "reference", log=_quiet)
+    out = tmp_path / "disturbed"
+    with _server(port) as server:
+        trainer = _trainer(small_config(), out, port, f"train.epochs={epochs}", "reward_server.retry_window_s=120")
+        _wait_for_epochs(out, 2, trainer)
+        server.kill()
+        server.wait()
+        time.sleep(1)
+        with _server(port):
+            _, stderr = trainer.communicate(timeout=300)
+    assert trainer.returncode == 0, stderr
+    assert "window left)" in stderr  # it did retry
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert without_timing(rows) == without_timing(reference.history)
