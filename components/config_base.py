@@ -11,9 +11,10 @@ from components.errors import ConfigError
 
 
 class Section(BaseModel):
-    """Unknown keys are errors, not silently ignored."""
+    """Unknown keys are errors, not silently ignored; so are NaN and infinite numbers (a NaN reward weight or an
+    infinite timeout passes every ``gt`` / ``ge`` bound)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -17,7 +17,7 @@ from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
 from components.reward_server.deploy_config import RewardDeployConfig
-from components.rewards.config import RewardSpec, check_unique_keys
+from components.rewards.config import RewardSpec, check_names, check_unique_keys
 from components.trainer.config import TrainingJobConfig
 from components.trainer.rayjob_config import RayJobConfig
 
@@ -52,6 +52,7 @@ class ExperimentConfig(TrainingJobConfig):
             if not self.eval_rewards:
                 raise ValueError("eval_rewards is empty; use null to evaluate with the training rewards")
             check_unique_keys(self.eval_rewards, "eval_rewards")
+            check_names(self.eval_rewards, "eval_rewards")
         keys = [s.key for s in self.evaluation_rewards()]
         gate = self.eval.gate
         for where, key in [("eval.gate.metric", gate.metric), *(("eval.gate.guards", k) for k in gate.guards)]:

@@ -25,6 +25,17 @@ class RewardSpec(Section):
         return self.label or self.name
 
 
+def check_names(specs: list[RewardSpec], where: str) -> None:
+    """Each name is a built-in reward or has the form of an import path (importing it is left to the process that
+    scores: the pipeline's light steps have no model libraries)."""
+    from components.rewards.registry import BUILTIN
+
+    for i, spec in enumerate(specs):
+        if spec.name not in BUILTIN and "." not in spec.name and ":" not in spec.name:
+            raise ValueError(f"{where}.{i}.name: unknown reward {spec.name!r}; known: {', '.join(sorted(BUILTIN))} "
+                             "(or a dotted import path package.module:Class)")
+
+
 def check_unique_keys(specs: list[RewardSpec], where: str) -> None:
     keys = [s.key for s in specs]
     for i, key in enumerate(keys):

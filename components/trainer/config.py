@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from components.config_base import Section
 from components.dataset.config import DataConfig
-from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_unique_keys
+from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
 
 # The tiny model's LoRA also adapts the feed-forward layers and the output projection: with attention
 # alone a random 2-layer transformer cannot move the image statistics far (see tiny-cpu.yaml).
@@ -139,7 +139,7 @@ class EMAConfig(Section):
 class TrainConfig(Section):
     epochs: int = Field(default=40, ge=1, description="rollout + update rounds")
     learning_rate: float = Field(default=3e-3, gt=0, le=1)
-    adam_betas: tuple[float, float] = Field(default=(0.9, 0.999))
+    adam_betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)")
     weight_decay: float = Field(default=1e-4, ge=0)
     adam_eps: float = Field(default=1e-8, gt=0)
     batch_size_per_worker: int = Field(
@@ -184,6 +184,13 @@ class TrainConfig(Section):
     @classmethod
     def _renamed(cls, data: Any) -> Any:
         return _refuse_renamed_batch_size(data, "train", "samples per training forward pass (micro-batch)")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError("each beta must be in [0, 1)")
+        return betas
 
 
 class TrackingConfig(Section):
@@ -236,6 +243,8 @@ class TrainingJobConfig(Section):
         if self.model.kind in TINY_GUIDANCE:
             check_guidance(self, TINY_GUIDANCE[self.model.kind], self.model.kind)
         check_unique_keys(self.rewards, "rewards")
+        if self.reward_server.url is None:  # a server of the user's own may serve rewards by other names
+            check_names(self.rewards, "rewards")
         if self.reward_aggregation == "gdpo" and len(self.rewards) < 2:
             raise ValueError("reward_aggregation 'gdpo' needs at least two rewards; use 'sum' for one")
         return self

@@ -167,3 +167,30 @@ def test_evaluate_command_writes_eval_json_and_report_and_checks_its_arguments(t
     assert "no training history" not in (tmp_path / "eval" / "report.html").read_text()
     line = _error_line(flowgrpo("evaluate", "--output", str(tmp_path / "eval2"), *args, "--registered-model", "x"))
     assert "--registered-model must be NAME/VERSION" in line
+
+
+BAD_CONFIGS = [
+    (["rewards.0.name=nope"], "rewards.0.name: unknown reward 'nope'"),
+    (["eval_rewards=[{name: nope}]"], "eval_rewards.0.name: unknown reward 'nope'"),
+    (["rewards.0.weight=.nan"], "rewards.0.weight: Input should be a finite number"),
+    (["rewards.0.weight=.inf"], "rewards.0.weight: Input should be a finite number"),
+    (["train.adam_betas=[1.5,0.999]"], "train.adam_betas: each beta must be in [0, 1)"),
+    (["rewards.0.timeout_s=.inf"], "rewards.0.timeout_s: Input should be a finite number"),
+    (["reward_server.retry_window_s=.inf"], "reward_server.retry_window_s: Input should be a finite number"),
+    (["reward_server.retries=3"], "reward_server.retries was replaced by reward_server.retry_window_s"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "needle"), BAD_CONFIGS)
+def test_validate_and_train_refuse_a_bad_config_with_the_same_line_before_any_work(overrides, needle, tmp_path,
+                                                                                  capsys):
+    from pipeline.cli import main
+
+    lines = {}
+    for command in (["validate"], ["train", "--output", str(tmp_path / "run")]):
+        assert main([*command, *overrides]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+        lines[command[0]] = err[0].split(": error: ", 1)[1]
+    assert lines["validate"] == lines["train"]
+    assert not (tmp_path / "run").exists()  # refused before any work
