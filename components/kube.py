@@ -1,5 +1,5 @@
 """Submit, follow and cancel KubeRay RayJobs; create, wait for and delete the reward server's Deployments,
-Services and ConfigMaps. The only module that imports ``kubernetes``.
+Services, ConfigMaps and NetworkPolicies. The only module that imports ``kubernetes``.
 
 Names are deterministic (one RayJob per run id), so a RayJob that already exists is the same run submitted
 before (a retried pipeline step, a restarted launcher): it is followed, not replaced, when its entrypoint and
@@ -63,7 +63,7 @@ class _Kind:
     kind: str
     resource: str  # plural.group, as in a Role
     verbs: str  # what a 403 says to grant
-    api: Literal["core", "apps", "custom"] = "custom"
+    api: Literal["core", "apps", "networking", "custom"] = "custom"
     method: str = ""  # suffix of the client's create_namespaced_<method>, ...
     missing: str = ""  # what a 404 on create means (a CRD that is not installed)
 
@@ -73,7 +73,10 @@ _RUNNER = "create, get, list, patch and delete"
 DEPLOYMENT = _Kind("Deployment", "deployments.apps", _RUNNER, "apps", "deployment")
 POD = _Kind("Pod", "pods", "get and list", "core", "pod")
 BUILTIN = {k.kind: k for k in (DEPLOYMENT, POD, _Kind("Service", "services", _RUNNER, "core", "service"),
-                               _Kind("ConfigMap", "configmaps", _RUNNER, "core", "config_map"))}
+                               _Kind("ConfigMap", "configmaps", _RUNNER, "core", "config_map"),
+                               _Kind("NetworkPolicy", "networkpolicies.networking.k8s.io", _RUNNER, "networking",
+                                     "network_policy"))}
+_GROUPS = {"core": client.CoreV1Api, "apps": client.AppsV1Api, "networking": client.NetworkingV1Api}
 # RBAC verbs -> the client's method prefixes.
 _METHOD = {"get": "read", "create": "create", "patch": "patch", "delete": "delete", "list": "list"}
 
@@ -350,7 +353,7 @@ def _request(api: client.ApiClient, what: _Kind, verb: str, namespace: str, name
              tolerate: tuple[int, ...] = (), **kwargs: Any) -> dict[str, Any] | None:
     """One call of the typed API (``verb`` as RBAC names it), its answer as plain JSON (the client's models
     reject partial objects); None for a status in ``tolerate``."""
-    group = client.CoreV1Api(api) if what.api == "core" else client.AppsV1Api(api)
+    group = _GROUPS[what.api](api)
     call = getattr(group, f"{_METHOD[verb]}_namespaced_{what.method}")
     if name:
         kwargs["name"] = name
@@ -371,8 +374,8 @@ def _manifest_hash(manifest: dict[str, Any]) -> str:
 
 def apply_objects(manifests: list[dict[str, Any]], *, api: client.ApiClient | None = None,
                   log: Callable[[str], None] = status_line) -> None:
-    """Create each Deployment / Service / ConfigMap (``metadata.namespace`` set); one that exists is kept when it
-    was created from the same manifest (a retried step) and replaced otherwise."""
+    """Create each Deployment / Service / ConfigMap / NetworkPolicy (``metadata.namespace`` set); one that exists
+    is kept when it was created from the same manifest (a retried step) and replaced otherwise."""
     api = api or api_client_for()
     for manifest in manifests:
         what = BUILTIN[manifest["kind"]]

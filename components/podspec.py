@@ -37,6 +37,15 @@ def label_value(text: str) -> str:
     return _LABEL_VALUE_BAD.sub("-", text)[:63].strip("-_.")
 
 
+PIPELINE_SERVICE_ACCOUNT = "flowgrpo-pipeline-runner"  # manifests/base/rbac.yaml: what the pipeline's steps may do
+
+
+def trainer_selector(run_id: str) -> dict[str, str]:
+    """The labels of a run's training pods (the RayJob's head and workers), the only clients its reward server
+    lets in (NetworkPolicy). Evaluation scores in its own process and never calls the server."""
+    return {"app.kubernetes.io/component": "trainer", "flowgrpo.io/run-id": label_value(run_id)}
+
+
 def secret_env(secret: str | None, keys: tuple[str, ...]) -> list[dict[str, Any]]:
     """Environment variables read from ``secret`` by reference (values never enter a manifest)."""
     # optional: a missing key (say AWS_REGION) leaves the variable unset instead of blocking the pod.

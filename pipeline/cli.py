@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from components.console import status_line
 from components.errors import ConfigError, FlowGRPOError
+from components.podspec import PIPELINE_SERVICE_ACCOUNT
 from pipeline.config import DEFAULT_CONFIG, load_config
 
 EXIT_USER_ERROR = 2
@@ -197,7 +198,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     config_from_parameter(arguments.get("config", ""), arguments.get("overrides") or [])  # refuse before submitting
     run_name = args.run_name or f"flowgrpo-{time.strftime('%Y%m%d-%H%M%S')}"
     done = submit(args.host, experiment=args.experiment, run_name=run_name, arguments=arguments,
-                  namespace=args.namespace, eval_gpus=args.eval_gpus)
+                  namespace=args.namespace, eval_gpus=args.eval_gpus, service_account=args.service_account)
     print(f"submitted run {done.run_id} ({run_name}) in experiment {args.experiment}: {done.run_url}")
     return 0
 
@@ -341,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=None,
                    help="experiment YAML sent as the `config` parameter (else config=NAME_OR_TEXT or tiny-cpu)")
     p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
+    p.add_argument("--service-account", default=PIPELINE_SERVICE_ACCOUNT,
+                   help=f"Kubernetes service account the step pods run as (default {PIPELINE_SERVICE_ACCOUNT}, "
+                        "from manifests/base: the Role the steps need and nothing more)")
     p.add_argument("arguments", nargs="*", metavar="key=value",
                    help="pipeline parameters: config, overrides (a YAML/JSON list), storage_root, ray_workers")
     p.set_defaults(func=cmd_submit)

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from components.errors import LaunchError
+from components.podspec import PIPELINE_SERVICE_ACCOUNT
 from pipeline.kfp_pipeline import PIPELINE_NAME, compile_pipeline
 
 TOKEN_ENV = "KFP_TOKEN"
@@ -50,8 +51,9 @@ def _pipeline_version(client, package: Path) -> tuple[str, str]:
 
 
 def submit(host: str, *, experiment: str, run_name: str, arguments: dict, namespace: str | None = None,
-           eval_gpus: int = 1) -> Submitted:
-    """Compile, upload (if new), and create a run of it in ``experiment``."""
+           eval_gpus: int = 1, service_account: str = PIPELINE_SERVICE_ACCOUNT) -> Submitted:
+    """Compile, upload (if new), and create a run of it in ``experiment`` whose step pods run as
+    ``service_account``."""
     import kfp
     from kfp_server_api.exceptions import ApiException
     from urllib3.exceptions import HTTPError
@@ -63,7 +65,7 @@ def submit(host: str, *, experiment: str, run_name: str, arguments: dict, namesp
             pipeline_id, version_id = _pipeline_version(client, package)
         exp = client.create_experiment(experiment, namespace=namespace)
         run = client.run_pipeline(experiment_id=exp.experiment_id, job_name=run_name, params=arguments,
-                                  pipeline_id=pipeline_id, version_id=version_id)
+                                  pipeline_id=pipeline_id, version_id=version_id, service_account=service_account)
     except ApiException as exc:
         raise LaunchError(f"Kubeflow Pipelines at {host} answered {exc.status} {exc.reason}: "
                           f"{(exc.body or '').strip()[:300]}") from exc

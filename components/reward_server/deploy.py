@@ -29,6 +29,7 @@ from components.podspec import (
     resources,
     run_name,
     secret_env,
+    trainer_selector,
 )
 from components.reward_server.deploy_config import RewardDeployConfig
 from components.reward_server.settings import ServerSettings
@@ -145,6 +146,15 @@ def _service(meta: dict[str, Any], port: int) -> dict[str, Any]:
                      "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}}
 
 
+def _network_policy(meta: dict[str, Any], port: int, clients: dict[str, str]) -> dict[str, Any]:
+    """Ingress to the pods of ``meta`` on ``port`` from pods labelled ``clients`` only (in this namespace)."""
+    selector = {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": copy.deepcopy(meta),
+            "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": clients}}],
+                                  "ports": [{"port": port, "protocol": "TCP"}]}]}}
+
+
 def _pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], *, node_selector: dict[str, str],
               tolerations: list[Toleration], service_account: str | None) -> dict[str, Any]:
     spec: dict[str, Any] = {
@@ -161,7 +171,7 @@ def _pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], *
 
 
 def _judge_objects(config: DeployableConfig, name: str, namespace: str, run_id: str,
-                   models: list[str]) -> list[dict[str, Any]]:
+                   models: list[str], clients: dict[str, str]) -> list[dict[str, Any]]:
     deploy, judge = config.reward_deploy, config.reward_deploy.judge
     meta = _metadata(name, namespace, _labels("vllm-judge", name, run_id), run_id)
     from_s3 = judge.model.startswith("s3://")
@@ -214,13 +224,14 @@ def _judge_objects(config: DeployableConfig, name: str, namespace: str, run_id: 
     # Recreate: a rolling update would need a second GPU while the old pod still holds one.
     return [_deployment(meta, 1, {"metadata": {"labels": dict(meta["labels"])}, "spec": pod},
                         strategy={"type": "Recreate"}),
-            _service(meta, judge.port)]
+            _service(meta, judge.port), _network_policy(meta, judge.port, clients)]
 
 
 def build_reward_server_objects(config: DeployableConfig, *, name: str, namespace: str,
                                 run_id: str) -> list[dict[str, Any]]:
-    """ConfigMap, Deployment and Service of the reward server named ``name`` (see ``reward_server_name``), then
-    the judge's Deployment and Service when a vlm_judge reward is served."""
+    """ConfigMap, Deployment, Service and NetworkPolicy (the run's trainer pods only) of the reward server named
+    ``name`` (see ``reward_server_name``), then the judge's Deployment, Service and NetworkPolicy (that reward
+    server only) when a vlm_judge reward is served."""
     deploy = config.reward_deploy
     models = judge_models(config)
     judge_url = service_url(judge_name(name), namespace, deploy.judge.port) if models else None
@@ -263,9 +274,11 @@ def build_reward_server_objects(config: DeployableConfig, *, name: str, namespac
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": copy.deepcopy(meta), "data": {CONFIG_FILE: text}},
         _deployment(meta, deploy.replicas, template),
         _service(meta, deploy.port),
+        _network_policy(meta, deploy.port, trainer_selector(run_id)),
     ]
     if models:
-        objects += _judge_objects(config, judge_name(name), namespace, run_id, models)
+        server = {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+        objects += _judge_objects(config, judge_name(name), namespace, run_id, models, server)
     return objects
 
 
@@ -300,7 +313,7 @@ def teardown_kubernetes(name: str, namespace: str, log: Callable[[str], None] = 
     """Delete the reward server ``name`` and its judge; what is already gone (or never was) is fine."""
     from components import kube
 
-    objects = [("Deployment", name), ("Service", name), ("ConfigMap", name),
-               ("Deployment", judge_name(name)), ("Service", judge_name(name))]
+    objects = [("Deployment", name), ("Service", name), ("ConfigMap", name), ("NetworkPolicy", name),
+               ("Deployment", judge_name(name)), ("Service", judge_name(name)), ("NetworkPolicy", judge_name(name))]
     deleted = kube.delete_objects(objects, namespace, api=kube.api_client_for(host), log=log)
     log(f"reward server {namespace}/{name}: {'removed' if deleted else 'nothing left to remove'}")

@@ -24,6 +24,7 @@ from components.podspec import (
     resources,
     run_name,
     secret_env,
+    trainer_selector,
 )
 from components.trainer.rayjob_config import RayJobConfig
 
@@ -90,6 +91,7 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
     if head:
         container["ports"] = [{"name": name, "containerPort": port} for name, port in HEAD_PORTS]
     spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # Ray and the trainer never call the Kubernetes API
         "containers": [container],
         "securityContext": pod_security(1000),
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -121,8 +123,9 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
                           "(with a GPU node pool in cluster.workers.node_selector) or set model.device: auto")
 
     name = rayjob_name(run_id)
-    labels = {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/component": "trainer",
-              "app.kubernetes.io/instance": name, "app.kubernetes.io/managed-by": "flowgrpo"}
+    # the run id label (with the component) is what the run's reward server lets in (its NetworkPolicy)
+    labels = {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/instance": name,
+              "app.kubernetes.io/managed-by": "flowgrpo", **trainer_selector(run_id)}
     env_vars = {CONFIG_ENV: _dump(data), "HF_HUB_OFFLINE": "1"}
     if parent_run_id:
         env_vars[PARENT_RUN_ENV] = parent_run_id

@@ -150,6 +150,7 @@ def test_submit_uploads_once_creates_experiment_and_run(kfp_server, monkeypatch,
     assert experiment["display_name"] == "ci-flowgrpo"
     (run,) = state.runs
     assert run["display_name"] == "nightly-1"
+    assert run["service_account"] == "flowgrpo-pipeline-runner"  # the Role of manifests/base, not KFP's default
     assert run["experiment_id"] == experiment["experiment_id"]
     pid, (_, version) = next(iter(state.versions.items()))
     assert version["display_name"].startswith(metadata.version("flowgrpo-mlops") + "-")
@@ -165,6 +166,8 @@ def test_submit_uploads_once_creates_experiment_and_run(kfp_server, monkeypatch,
     assert main([*argv[:6], "nightly-2", *argv[7:]]) == 0
     assert len(state.uploads) == 2 and len(state.experiments) == 1 and len(state.runs) == 2
     assert state.runs[1]["display_name"] == "nightly-2"
+    assert main([*argv, "--service-account", "team-a-runner"]) == 0  # the user's own
+    assert state.runs[2]["service_account"] == "team-a-runner"
     assert state.runs[1]["pipeline_version_reference"] == run["pipeline_version_reference"]
 
 

@@ -32,7 +32,7 @@ NAME = reward_server_name(RUN_ID)
 # kmock matches every request against all earlier ones (quadratic): keep the number of polls small.
 POLL_S = 0.05
 RESOURCES = {"apps/v1/deployments": "Deployment", "v1/services": "Service", "v1/configmaps": "ConfigMap",
-             "v1/pods": "Pod"}
+             "v1/pods": "Pod", "networking.k8s.io/v1/networkpolicies": "NetworkPolicy"}
 READY = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}
 JUDGE_REWARD = "rewards=[{name: vlm_judge, args: {base_url: 'http://127.0.0.1:8000/v1', model: judge}}]"
 
@@ -118,12 +118,13 @@ async def _teardown(kmock):
 async def test_success_creates_the_objects_reports_progress_and_returns_the_url(cluster):
     url, lines = await _deploy(cluster, [{"replicas": 1, "updatedReplicas": 1}, READY])
     assert url == service_url(NAME, NS, 8600) == f"http://{NAME}.{NS}.svc.cluster.local:8600", (url, lines)
-    assert all(_present(cluster, kind) for kind in ("ConfigMap", "Deployment", "Service"))
+    assert all(_present(cluster, kind) for kind in ("ConfigMap", "Deployment", "Service", "NetworkPolicy"))
     stored = cluster.objects[_key("ConfigMap")]
     assert yaml.safe_load(stored["data"]["rewards.yaml"])["rewards"][0]["name"] == "brightness"
     assert stored["metadata"]["annotations"][kube.MANIFEST_HASH]
     assert [line for line in lines if line.endswith("created")] == [
-        f"ConfigMap {NS}/{NAME} created", f"Deployment {NS}/{NAME} created", f"Service {NS}/{NAME} created"]
+        f"ConfigMap {NS}/{NAME} created", f"Deployment {NS}/{NAME} created", f"Service {NS}/{NAME} created",
+        f"NetworkPolicy {NS}/{NAME} created"]
     assert any("0/1 ready; pods: none yet after" in line for line in lines)
     assert any(line.startswith(f"Deployment {NS}/{NAME} ready (1/1 ready) after") for line in lines)
     assert lines[-1] == f"reward server {NAME} ready at {url}"
@@ -190,7 +191,7 @@ async def test_teardown_deletes_everything_and_a_second_teardown_is_a_no_op(clus
     url, _ = await _deploy(cluster, [READY])
     assert url.startswith("http://"), url
     lines = await _teardown(cluster)
-    assert not any(_present(cluster, kind) for kind in ("ConfigMap", "Deployment", "Service"))
+    assert not any(_present(cluster, kind) for kind in ("ConfigMap", "Deployment", "Service", "NetworkPolicy"))
     assert lines[-1] == f"reward server {NS}/{NAME}: removed"
     deletes = cluster[action.DELETE]
     assert {r.params.get("propagationPolicy") for r in deletes} == {"Foreground"}
@@ -203,7 +204,7 @@ async def test_redeploying_the_same_run_keeps_the_objects(cluster):
     versions = {kind: len(cluster.objects[_key(kind)].history) for kind in ("ConfigMap", "Deployment", "Service")}
     second, lines = await _deploy(cluster)
     assert first == second, (first, second, lines)
-    assert sum("already exists with this manifest (deployed before): kept" in line for line in lines) == 3
+    assert sum("already exists with this manifest (deployed before): kept" in line for line in lines) == 4
     assert {kind: len(cluster.objects[_key(kind)].history) for kind in versions} == versions
     assert len(cluster[action.UPDATE]) == 0
 

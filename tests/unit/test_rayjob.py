@@ -119,6 +119,13 @@ def test_sd35_runs_on_eight_gpu_workers_in_a_gpu_pool():
     assert "nodeSelector" not in head_pod and "tolerations" not in head_pod  # the head stays on CPU nodes
 
 
+def test_ray_pods_mount_no_service_account_token():
+    _, manifest = _build(SD35)
+    cluster = manifest["spec"]["rayClusterSpec"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        assert group["template"]["spec"]["automountServiceAccountToken"] is False
+
+
 @pytest.mark.parametrize("path", [TINY, SD35])
 @pytest.mark.parametrize("parent", [None, "parent-run-42"])
 def test_entrypoint_and_runtime_env_carry_the_exact_config(path, parent):

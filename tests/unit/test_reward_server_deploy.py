@@ -82,7 +82,7 @@ def test_the_server_is_a_configmap_deployment_and_clusterip_service_labelled_by_
     objects = _objects(run_id="Run 1/α")
     name = reward_server_name("Run 1/α")
     assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
-        ("ConfigMap", name), ("Deployment", name), ("Service", name)]
+        ("ConfigMap", name), ("Deployment", name), ("Service", name), ("NetworkPolicy", name)]
     for obj in objects:
         labels = obj["metadata"]["labels"]
         assert obj["metadata"]["namespace"] == NS
@@ -138,7 +138,8 @@ def test_a_vlm_judge_reward_gets_a_judge_and_its_base_url_points_there():
     objects = _objects(JUDGE_REWARDS)
     name = reward_server_name("run-1")
     judge = judge_name(name)
-    assert [(o["kind"], o["metadata"]["name"]) for o in objects][3:] == [("Deployment", judge), ("Service", judge)]
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects][4:] == [
+        ("Deployment", judge), ("Service", judge), ("NetworkPolicy", judge)]
     (config_map,) = _by_kind(objects, "ConfigMap")
     rewards = yaml.safe_load(config_map["data"]["rewards.yaml"])["rewards"]
     url = f"http://{judge}.{NS}.svc.cluster.local:8000/v1"
@@ -174,7 +175,7 @@ def test_a_judge_model_from_s3_is_copied_by_an_init_container():
 
 def test_a_disabled_judge_leaves_the_base_url_alone():
     objects = _objects(JUDGE_REWARDS, "reward_deploy.judge.enabled=false")
-    assert len(objects) == 3
+    assert len(objects) == 4  # no judge objects
     rewards = yaml.safe_load(_by_kind(objects, "ConfigMap")[0]["data"]["rewards.yaml"])["rewards"]
     assert rewards[1]["args"]["base_url"] == "http://elsewhere:8000/v1"
 
@@ -246,3 +247,42 @@ def test_the_deploy_modules_import_no_kubernetes_client_nor_heavy_libraries():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def _pod_labels(objects: list[dict], name: str) -> dict[str, str]:
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
+    return deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def _admits(policy: dict, port: int, labels: dict[str, str]) -> bool:
+    """Whether ``policy`` lets a pod labelled ``labels`` (in its namespace) reach ``port``."""
+    return any(any(selector_matches(peer["podSelector"], labels) for peer in rule["from"])
+               and any(p["port"] == port for p in rule["ports"]) for rule in policy["spec"]["ingress"])
+
+
+def test_only_the_runs_trainer_pods_reach_its_reward_server_and_only_that_server_its_judge():
+    from components.trainer.rayjob import build_rayjob
+
+    objects = _objects(JUDGE_REWARDS, "reward_deploy.port=8600")
+    name = reward_server_name("run-1")
+    server, judge = (next(o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == n)
+                     for n in (name, judge_name(name)))
+    assert server["spec"]["policyTypes"] == ["Ingress"]
+    assert selector_matches(server["spec"]["podSelector"], _pod_labels(objects, name))
+    assert not selector_matches(server["spec"]["podSelector"], _pod_labels(objects, judge_name(name)))
+
+    def trainer_pods(run_id: str) -> list[dict[str, str]]:
+        job = build_rayjob(load_config(None, []), run_id=run_id, output="s3://b/runs/x")
+        spec = job["spec"]["rayClusterSpec"]
+        return [g["template"]["metadata"]["labels"] for g in (spec["headGroupSpec"], *spec["workerGroupSpecs"])]
+
+    assert all(_admits(server, 8600, labels) for labels in trainer_pods("run-1"))  # head and workers
+    assert not any(_admits(server, 8600, labels) for labels in trainer_pods("run-2"))  # another run's trainer
+    assert not _admits(server, 8600, _pod_labels(objects, judge_name(name)))
+    assert not _admits(server, 8600, {"app.kubernetes.io/part-of": "flowgrpo", "app.kubernetes.io/component":
+                                      "evaluate"})
+    assert selector_matches(judge["spec"]["podSelector"], _pod_labels(objects, judge_name(name)))
+    assert _admits(judge, 8000, _pod_labels(objects, name))
+    assert not any(_admits(judge, 8000, labels) for labels in trainer_pods("run-1"))
+    other = _objects(JUDGE_REWARDS, run_id="run-2")
+    assert not _admits(judge, 8000, _pod_labels(other, reward_server_name("run-2")))
