@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -26,7 +27,13 @@ from starlette.concurrency import run_in_threadpool
 from components.reward_server.batching import Batcher
 from components.reward_server.settings import ServerSettings
 from components.rewards.base import BatchedReward, RewardOutput
-from components.rewards.codec import ImageDecodeError, ImageTooLargeError, decode_image_b64, decode_raw_b64
+from components.rewards.codec import (
+    ImageDecodeError,
+    ImageTooLargeError,
+    decode_image_b64,
+    decode_raw_b64,
+    image_pixels_b64,
+)
 from components.rewards.scoring import RewardSet, combine
 from components.rewards.wire import (
     ComputeRequest,
@@ -127,17 +134,24 @@ class RewardService:
         if n > limits.max_images:
             raise HTTPException(413, f"{n} images exceed the limit of {limits.max_images} per request")
         if pixels is not None:
+            _check_request_pixels(math.prod(pixels.shape[:3]), limits.max_request_pixels)
             try:
                 return decode_raw_b64(pixels.data, pixels.shape, limits.max_pixels)
             except ImageDecodeError as exc:
-                raise HTTPException(413 if isinstance(exc, ImageTooLargeError) else 422, str(exc)) from exc
+                raise _rejected(exc) from exc
+        total = 0
+        for i, data in enumerate(images):  # headers only: the whole request's size before any pixel is decoded
+            try:
+                total += image_pixels_b64(data, limits.max_pixels)
+            except ImageDecodeError as exc:
+                raise _rejected(exc, f"images[{i}]: ") from exc
+        _check_request_pixels(total, limits.max_request_pixels)
         decoded = []
         for i, data in enumerate(images):
             try:
                 decoded.append(decode_image_b64(data, limits.max_pixels))
             except ImageDecodeError as exc:
-                status = 413 if isinstance(exc, ImageTooLargeError) else 422
-                raise HTTPException(status, f"images[{i}]: {exc}") from exc
+                raise _rejected(exc, f"images[{i}]: ") from exc
         if not decoded:
             return np.zeros((0, 1, 1, 3), dtype=np.uint8)
         shapes = {im.shape for im in decoded}
@@ -164,12 +178,24 @@ class RewardService:
         return dict(zip(keys, outputs, strict=True))
 
 
+def _rejected(exc: ImageDecodeError, where: str = "") -> HTTPException:
+    return HTTPException(413 if isinstance(exc, ImageTooLargeError) else 422, f"{where}{exc}")
+
+
+def _check_request_pixels(total: int, limit: int) -> None:
+    if total > limit:
+        raise HTTPException(413, f"the request's images hold {total} pixels in all, over the limit of {limit} "
+                                 "(limits.max_request_pixels); send fewer or smaller images per request")
+
+
 def _finite_or_none(scores: np.ndarray) -> list[float | None]:
     return [float(s) if np.isfinite(s) else None for s in scores]
 
 
 def create_app(settings: ServerSettings) -> FastAPI:
     service = RewardService(settings)
+    # requests holding decoded images: memory bounded by the settings, not by the traffic
+    holding = asyncio.Semaphore(settings.limits.max_concurrent_requests)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -233,11 +259,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
         if unknown:
             raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
                                      f"served: {', '.join(rewards.weights)}")
-        images = await run_in_threadpool(service.decode, request.images, request.pixels)
-        n = len(images)
-        metadata = request.metadata or [{} for _ in range(n)]
-        group_ids = request.group_ids or [0] * n
-        outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
+        async with holding:
+            images = await run_in_threadpool(service.decode, request.images, request.pixels)
+            n = len(images)
+            metadata = request.metadata or [{} for _ in range(n)]
+            group_ids = request.group_ids or [0] * n
+            outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
         return ScoreResponse(
             results={k: RewardResult(scores=_finite_or_none(o.scores), errors=o.errors, extra=o.extra)
                      for k, o in outputs.items()},
@@ -252,10 +279,11 @@ def create_app(settings: ServerSettings) -> FastAPI:
         prompts, images_b64 = request.prompt_list(), request.image_list()
         if len(prompts) != len(images_b64):
             raise HTTPException(422, f"prompt has {len(prompts)} items but image has {len(images_b64)}")
-        images = await run_in_threadpool(service.decode, images_b64)
         extra = request.kwargs or request.extra or {}
         metadata = [dict(extra) for _ in prompts]
-        outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
+        async with holding:
+            images = await run_in_threadpool(service.decode, images_b64)
+            outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
         for key, out in outputs.items():
             if out.failed:
                 i = next(j for j, e in enumerate(out.errors) if e is not None)

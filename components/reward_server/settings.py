@@ -15,6 +15,16 @@ class Limits(Section):
     max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="request body size")
     max_images: int = Field(default=256, ge=1, description="images per request")
     max_pixels: int = Field(default=4096 * 4096, ge=1, description="pixels per image, checked before decoding")
+    max_request_pixels: int = Field(
+        default=256 * 512 * 512, ge=1,
+        description="pixels of all images of one request, summed from their headers before anything is decoded "
+                    "(default: 256 images of 512 x 512, 192 MiB decoded)",
+    )
+    max_concurrent_requests: int = Field(
+        default=8, ge=1,
+        description="requests holding decoded images at once (decoding and scoring); more wait. With "
+                    "max_request_pixels it bounds the server's image memory to about 3 x this x that bytes",
+    )
 
 
 class Batching(Section):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
+from collections.abc import Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -45,15 +47,19 @@ def decode_raw_b64(data: str, shape: tuple[int, int, int, int], max_pixels: int)
     return np.frombuffer(raw, dtype=np.uint8).reshape(b, h, w, c)
 
 
-def decode_image_b64(data: str, max_pixels: int) -> np.ndarray:
-    """uint8 (H, W, 3). Accepts plain base64 or a data URL. The pixel count is checked from the header,
-    before any pixel is decoded, so a decompression bomb costs nothing."""
+def _raw_bytes(data: str) -> bytes:
     if data.startswith("data:"):
         data = data.partition(",")[2]
     try:
-        raw = base64.b64decode(data, validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageDecodeError(f"not valid base64 ({exc})") from exc
+
+
+@contextlib.contextmanager
+def _opened(raw: bytes, max_pixels: int) -> Iterator[Image.Image]:
+    """The image with its header read and checked (size, format), nothing decoded yet. Whatever Pillow raises
+    on a malformed file (a bad chunk, an oversized zTXt or iCCP profile, a truncation) is an ``ImageDecodeError``."""
     try:
         with Image.open(io.BytesIO(raw)) as im:
             width, height = im.size
@@ -62,8 +68,26 @@ def decode_image_b64(data: str, max_pixels: int) -> np.ndarray:
                     f"{width}x{height} = {width * height} pixels exceeds the limit of {max_pixels}")
             if im.format not in ("PNG", "JPEG"):
                 raise ImageDecodeError(f"format {im.format} is not PNG or JPEG")
-            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+            yield im
+    except ImageDecodeError:
+        raise
     except Image.DecompressionBombError as exc:  # PIL's own header check, above its larger global limit
         raise ImageTooLargeError(f"{exc} (limit {max_pixels} pixels)") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
         raise ImageDecodeError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+
+
+def image_pixels_b64(data: str, max_pixels: int) -> int:
+    """Pixels of one base64 PNG/JPEG, from its header only (a request's budget is checked before decoding)."""
+    with _opened(_raw_bytes(data), max_pixels) as im:
+        return im.size[0] * im.size[1]
+
+
+def decode_image_b64(data: str, max_pixels: int) -> np.ndarray:
+    """uint8 (H, W, 3). Accepts plain base64 or a data URL. The pixel count is checked from the header,
+    before any pixel is decoded, so a decompression bomb costs nothing."""
+    with _opened(_raw_bytes(data), max_pixels) as im:
+        try:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
+            raise ImageDecodeError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
