@@ -1,6 +1,7 @@
 """The base every config section derives from, and one-line validation messages naming the key path."""
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +9,32 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from components.errors import ConfigError
+
+URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def url_credentials_at(data: Any, prefix: str = "") -> str | None:
+    """The key path of the first string in ``data`` holding a URL with ``user[:password]@``, else None."""
+    if isinstance(data, str):
+        return prefix or "(value)" if URL_USERINFO.search(data) else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = url_credentials_at(value, f"{prefix}.{key}" if prefix else str(key))
+        if found:
+            return found
+    return None
+
+
+def refuse_url_credentials(data: Any) -> Any:
+    """A config must not carry credentials: it is written to the run's output, S3 and logs. Every service it
+    names takes them from the environment (S3: AWS_*, MLflow: MLFLOW_TRACKING_*, the VLM judge: its
+    api_key_env) or a Kubernetes Secret. The message names the key, never the value."""
+    where = url_credentials_at(data)
+    if where:
+        raise ValueError(f"{where}: a URL with credentials (user:password@) would be written to the run's "
+                         "config.yaml, S3 and logs; remove them and give them in the environment or a Secret "
+                         "(S3: AWS_*, MLflow: MLFLOW_TRACKING_*, a VLM judge: its api_key_env)")
+    return data
 
 
 class Section(BaseModel):

@@ -10,11 +10,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from components.config_base import URL_USERINFO
+
 # MLflow's limit on a param value; longer values are cut with a marker rather than rejected.
 MAX_PARAM_CHARS = 6000
 # Keys that can hold credentials are never logged, whatever their value.
 SECRET_KEY = re.compile(r"secret|passw|token|api[_-]?key|credential|access[_-]?key|auth", re.IGNORECASE)
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
 GIT_COMMIT_ENV = "FLOWGRPO_GIT_COMMIT"
 IMAGE_ENV = "FLOWGRPO_IMAGE"
@@ -22,7 +23,7 @@ IMAGE_ENV = "FLOWGRPO_IMAGE"
 
 def redact(text: str) -> str:
     """``scheme://user:password@host`` -> ``scheme://***@host``."""
-    return _URL_USERINFO.sub(r"\g<scheme>***@", text)
+    return URL_USERINFO.sub(r"\g<scheme>***@", text)
 
 
 def short_error(exc: BaseException) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from components.config_base import Section
+from components.config_base import Section, refuse_url_credentials
 from components.dataset.config import DataConfig
 from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
 
@@ -222,6 +222,11 @@ class TrainingJobConfig(Section):
     reward_server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_credentials(cls, data: Any) -> Any:
+        return refuse_url_credentials(data)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingJobConfig:

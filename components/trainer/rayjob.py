@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 from typing import Any, Protocol
 
 import yaml
 
+from components.config_base import URL_USERINFO, url_credentials_at
 from components.errors import LaunchError
 from components.podspec import (
     MLFLOW_SECRET_KEYS,
@@ -36,9 +36,6 @@ NAME_PREFIX = "flowgrpo-"
 # services append up to "-serve-svc" within the 63 characters of a DNS label. It must be a DNS-1035 label.
 MAX_NAME = 47
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
-_URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+@")
-
-
 class LaunchableConfig(Protocol):
     """What the launcher needs of an experiment config (pipeline.config.ExperimentConfig)."""
 
@@ -56,19 +53,6 @@ def default_run_id(config: LaunchableConfig, label: str) -> str:
     """``<label>-<config hash>``: the same config gives the same run id, hence the same RayJob."""
     digest = hashlib.sha256(json.dumps(config.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
     return f"{label}-{digest[:10]}"
-
-
-def _find_userinfo(data: Any, path: str = "") -> str | None:
-    if isinstance(data, dict):
-        items = data.items()
-    elif isinstance(data, list):
-        items = enumerate(data)
-    else:
-        return path.lstrip(".") if isinstance(data, str) and _URL_USERINFO.search(data) else None
-    for key, value in items:
-        if (found := _find_userinfo(value, f"{path}.{key}")) is not None:
-            return found
-    return None
 
 
 def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str, gpus: int,
@@ -110,10 +94,10 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
                           "deleted when the job ends")
     data = config.model_dump(mode="json")
     for where, value in (("--output", output), ("--mlflow-parent-run-id", parent_run_id or "")):
-        if _URL_USERINFO.search(value):
+        if URL_USERINFO.search(value):
             raise LaunchError(f"{where} embeds credentials in a URL; the RayJob is readable by anyone who can "
                               "list it: put them in the Secrets named by cluster.s3_secret / cluster.mlflow_secret")
-    if (key := _find_userinfo(data)) is not None:
+    if (key := url_credentials_at(data)) is not None:  # validated configs have none; a hand-made one may
         raise LaunchError(f"{key} embeds credentials in a URL; the config is stored in the RayJob in plain text: "
                           "put them in the Secrets named by cluster.s3_secret / cluster.mlflow_secret")
     gpus = cluster.workers.gpus_per_worker

@@ -178,6 +178,9 @@ BAD_CONFIGS = [
     (["rewards.0.timeout_s=.inf"], "rewards.0.timeout_s: Input should be a finite number"),
     (["reward_server.retry_window_s=.inf"], "reward_server.retry_window_s: Input should be a finite number"),
     (["reward_server.retries=3"], "reward_server.retries was replaced by reward_server.retry_window_s"),
+    (["reward_server.url=http://bob:PLANTED-9f3@127.0.0.1:1"], "reward_server.url: a URL with credentials"),
+    (["rewards=[{name: vlm_judge, args: {base_url: 'https://u:PLANTED-9f3@judge/v1', model: m}}]"],
+     "rewards.0.args.base_url: a URL with credentials"),
 ]
 
 
@@ -194,3 +197,5 @@ def test_validate_and_train_refuse_a_bad_config_with_the_same_line_before_any_wo
         lines[command[0]] = err[0].split(": error: ", 1)[1]
     assert lines["validate"] == lines["train"]
     assert not (tmp_path / "run").exists()  # refused before any work
+    assert "PLANTED" not in lines["train"]  # a planted password is named by its key, never echoed
+    assert not any("PLANTED" in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file())
