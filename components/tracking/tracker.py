@@ -28,6 +28,9 @@ PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
 FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
 OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
 DEFAULT_FLUSH_TIMEOUT_S = 120.0
+# a server never reached during the run gets this long at close (one more try, woken by close), not the flush
+# timeout: waiting two minutes for a server that never answered loses the user time and saves nothing
+NEVER_REACHED_GRACE_S = 5.0
 DEFAULT_OPEN_TIMEOUT_S = 15.0
 MAX_BACKOFF_S = 30.0
 # Our thread retries for as long as it takes; MLflow's own retries (7, exponential) would only make each
@@ -85,6 +88,7 @@ class MlflowTracker(NullTracker):
         self._closing = False
         self._disabled = False
         self._idle = threading.Event()
+        self._reached = threading.Event()  # some request succeeded: the server exists
         self._opened = threading.Event()
         self._thread = threading.Thread(target=self._work, name="mlflow-tracker", daemon=True)
         self._submit("open run", self._open_run)
@@ -129,6 +133,7 @@ class MlflowTracker(NullTracker):
                     self._cond.wait(timeout=backoff)  # close() wakes us to retry at once
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
+            self._reached.set()
             with self._cond:
                 self._queue.popleft()
             if failing_since is not None:
@@ -215,14 +220,18 @@ class MlflowTracker(NullTracker):
 
     def close(self, status: str = "FINISHED") -> None:
         """Finish the run (if this tracker owns it); wait up to $FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S for buffered
-        items to be sent."""
+        items to be sent, or NEVER_REACHED_GRACE_S when no request ever got through."""
         if self._owns_run:
             self._submit("finish run", lambda: self.client.set_terminated(self.run_id, status=status))
         with self._cond:
             self._closing = True
             self._cond.notify()
         timeout = float(os.environ.get(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S))
-        self._idle.wait(timeout)
+        start = time.monotonic()
+        while not self._idle.wait(0.1):
+            waited = time.monotonic() - start
+            if waited >= timeout or (not self._reached.is_set() and waited >= NEVER_REACHED_GRACE_S):
+                break
         if self._monitor is not None:
             self._monitor.finish()
         with self._cond:
@@ -230,8 +239,11 @@ class MlflowTracker(NullTracker):
             self._queue.clear()
             self._cond.notify()
         if left:
-            self.log(f"MLflow at {self.uri}: {len(left)} item(s) not sent within {timeout:g}s "
-                     f"({', '.join(left[:3])}{', ...' if len(left) > 3 else ''}); the metrics are in metrics.jsonl")
+            why = (f"not sent within {timeout:g}s" if self._reached.is_set()
+                   else "not sent: it was never reachable during this run")
+            self.log(f"MLflow at {self.uri}: {len(left)} item(s) {why} ({', '.join(left[:3])}"
+                     f"{', ...' if len(left) > 3 else ''}); the metrics are in metrics.jsonl, the sample grids in "
+                     "samples/ and the LoRA in lora/ of the run output")
 
 
 def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, parent_run_id: str | None = None,

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -215,6 +216,25 @@ def test_training_finishes_when_mlflow_never_answers(tmp_path, monkeypatch: pyte
     assert sum("unreachable" in line for line in lines) == 1
     (left,) = [line for line in lines if "not sent" in line]
     assert "metrics.jsonl" in left and result.mlflow_run_url is None
+
+
+def test_a_server_never_reached_is_not_waited_for_at_the_end(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    (port,) = free_ports(1)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", "1")
+    monkeypatch.delenv("FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", raising=False)  # the default: 120 s
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    lines, log = _messages()
+    config = _config("train.epochs=2", "tracking.sample_every=1")
+    start = time.monotonic()
+    result = train(config, tmp_path / "out", log=log)
+    assert time.monotonic() - start < 60  # two tiny epochs; waiting out the flush timeout would take 120 s more
+    (left,) = [line for line in lines if "not sent" in line]
+    assert "never reachable" in left and "metrics.jsonl" in left
+    # nothing is lost: what MLflow would have held is in the run output
+    assert [r["epoch"] for r in result.history] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "out" / "samples").iterdir()) == ["epoch-000001.png", "epoch-000002.png"]
+    assert (result.lora_dir / ckpt.LORA_FILE).is_file()
 
 
 def _flowgrpo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
