@@ -270,8 +270,10 @@ def test_unreachable_mlflow_is_one_clear_line_and_not_fatal(services, env, tmp_p
                      "train", "--output", str(tmp_path / "out"), *SMALL, "train.epochs=1")
     assert proc.returncode == 0, proc.stderr
     assert "pa55word" not in proc.stderr + proc.stdout
-    reach = [line for line in proc.stderr.splitlines() if "MLflow" in line and "reachable" in line]
+    reach = [line for line in proc.stderr.splitlines() if "MLflow" in line and "unreachable" in line]
     assert len(reach) == 1 and f"http://***@127.0.0.1:{port}" in reach[0], proc.stderr
+    (left,) = [line for line in proc.stderr.splitlines() if "never reachable" in line]
+    assert f"http://***@127.0.0.1:{port}" in left
     assert "LoRA:" in proc.stdout
 
 
