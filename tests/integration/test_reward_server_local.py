@@ -113,13 +113,14 @@ def test_settings_changed_under_the_same_name_restart_the_server(state_dir):
 
 
 def test_an_unknown_reward_fails_with_the_log_and_leaves_no_process(state_dir):
+    # an import path passes the config's check (only the process that scores imports it); the server fails on it
     lines: list[str] = []
     with pytest.raises(LaunchError) as info:
-        start_local(load_config(None, ["rewards.0.name=no_such_reward"]), name="rs-d", state_dir=state_dir,
+        start_local(load_config(None, ["rewards.0.name=no_such_module:Reward"]), name="rs-d", state_dir=state_dir,
                     timeout_s=60, log=lines.append)
     message = str(info.value)
     assert "reward server rs-d exited with code 2 before it was ready" in message
-    assert "unknown reward 'no_such_reward'" in message  # from the log's tail
+    assert "cannot import reward 'no_such_module:Reward'" in message  # from the log's tail
     pid = int(re.search(r"\(pid (\d+)", lines[0]).group(1))
     assert _gone(pid) and not (state_dir / RECORDS / "rs-d.json").exists()
 
