@@ -132,25 +132,27 @@ def _http_probe(path: str, period: int, timeout: int, failures: int) -> dict[str
             "failureThreshold": failures}
 
 
+def _selector(meta: dict[str, Any]) -> dict[str, str]:
+    """The labels that pick one server's (or judge's) pods."""
+    return {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+
+
 def _deployment(meta: dict[str, Any], replicas: int, pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    selector = {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": copy.deepcopy(meta),
-            "spec": {"replicas": replicas, "revisionHistoryLimit": 1, "selector": {"matchLabels": selector}, **spec,
-                     "template": pod}}
+            "spec": {"replicas": replicas, "revisionHistoryLimit": 1, "selector": {"matchLabels": _selector(meta)},
+                     **spec, "template": pod}}
 
 
 def _service(meta: dict[str, Any], port: int) -> dict[str, Any]:
-    selector = {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
     return {"apiVersion": "v1", "kind": "Service", "metadata": copy.deepcopy(meta),
-            "spec": {"type": "ClusterIP", "selector": selector,
+            "spec": {"type": "ClusterIP", "selector": _selector(meta),
                      "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}}
 
 
 def _network_policy(meta: dict[str, Any], port: int, clients: dict[str, str]) -> dict[str, Any]:
     """Ingress to the pods of ``meta`` on ``port`` from pods labelled ``clients`` only (in this namespace)."""
-    selector = {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": copy.deepcopy(meta),
-            "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Ingress"],
+            "spec": {"podSelector": {"matchLabels": _selector(meta)}, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": {"matchLabels": clients}}],
                                   "ports": [{"port": port, "protocol": "TCP"}]}]}}
 
@@ -277,8 +279,7 @@ def build_reward_server_objects(config: DeployableConfig, *, name: str, namespac
         _network_policy(meta, deploy.port, trainer_selector(run_id)),
     ]
     if models:
-        server = {k: meta["labels"][k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
-        objects += _judge_objects(config, judge_name(name), namespace, run_id, models, server)
+        objects += _judge_objects(config, judge_name(name), namespace, run_id, models, _selector(meta))
     return objects
 
 
