@@ -30,9 +30,10 @@ from components.rewards.base import BatchedReward, RewardOutput
 from components.rewards.codec import (
     ImageDecodeError,
     ImageTooLargeError,
-    decode_image_b64,
+    decode_image,
     decode_raw_b64,
-    image_pixels_b64,
+    image_bytes_b64,
+    image_pixels,
 )
 from components.rewards.scoring import RewardSet, combine
 from components.rewards.wire import (
@@ -139,17 +140,18 @@ class RewardService:
                 return decode_raw_b64(pixels.data, pixels.shape, limits.max_pixels)
             except ImageDecodeError as exc:
                 raise _rejected(exc) from exc
-        total = 0
+        raw, total = [], 0
         for i, data in enumerate(images):  # headers only: the whole request's size before any pixel is decoded
             try:
-                total += image_pixels_b64(data, limits.max_pixels)
+                raw.append(image_bytes_b64(data))
+                total += image_pixels(raw[-1], limits.max_pixels)
             except ImageDecodeError as exc:
                 raise _rejected(exc, f"images[{i}]: ") from exc
         _check_request_pixels(total, limits.max_request_pixels)
         decoded = []
-        for i, data in enumerate(images):
+        for i, data in enumerate(raw):
             try:
-                decoded.append(decode_image_b64(data, limits.max_pixels))
+                decoded.append(decode_image(data, limits.max_pixels))
             except ImageDecodeError as exc:
                 raise _rejected(exc, f"images[{i}]: ") from exc
         if not decoded:

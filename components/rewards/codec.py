@@ -47,7 +47,8 @@ def decode_raw_b64(data: str, shape: tuple[int, int, int, int], max_pixels: int)
     return np.frombuffer(raw, dtype=np.uint8).reshape(b, h, w, c)
 
 
-def _raw_bytes(data: str) -> bytes:
+def image_bytes_b64(data: str) -> bytes:
+    """The file bytes of a base64 image (plain base64 or a data URL)."""
     if data.startswith("data:"):
         data = data.partition(",")[2]
     try:
@@ -77,16 +78,21 @@ def _opened(raw: bytes, max_pixels: int) -> Iterator[Image.Image]:
         raise ImageDecodeError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
 
 
-def image_pixels_b64(data: str, max_pixels: int) -> int:
-    """Pixels of one base64 PNG/JPEG, from its header only (a request's budget is checked before decoding)."""
-    with _opened(_raw_bytes(data), max_pixels) as im:
+def image_pixels(raw: bytes, max_pixels: int) -> int:
+    """Pixels of one PNG/JPEG, from its header only (a request's budget is checked before decoding)."""
+    with _opened(raw, max_pixels) as im:
         return im.size[0] * im.size[1]
 
 
 def decode_image_b64(data: str, max_pixels: int) -> np.ndarray:
     """uint8 (H, W, 3). Accepts plain base64 or a data URL. The pixel count is checked from the header,
     before any pixel is decoded, so a decompression bomb costs nothing."""
-    with _opened(_raw_bytes(data), max_pixels) as im:
+    return decode_image(image_bytes_b64(data), max_pixels)
+
+
+def decode_image(raw: bytes, max_pixels: int) -> np.ndarray:
+    """uint8 (H, W, 3) from PNG/JPEG file bytes, the header checked first (see ``decode_image_b64``)."""
+    with _opened(raw, max_pixels) as im:
         try:
             return np.asarray(im.convert("RGB"), dtype=np.uint8)
         except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as exc:
