@@ -36,7 +36,8 @@ class PromptEmbeddings:
 
     def cached(self, key: str, compute: Callable[[], T]) -> T:
         """``compute()`` once per embedding object: what the forwards derive from it at every step (the CFG
-        batch, whether a mask pads anything) is derived once, and a test read of a device tensor syncs once."""
+        batch, the negative prompt repeated to a batch, whether a mask pads anything) is derived once, and a
+        test read of a device tensor syncs once."""
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]  # type: ignore[return-value]
@@ -109,7 +110,6 @@ class FlowMatchingModel(ABC):
         self.negative_prompt = negative_prompt
         self.lora_config: LoraConfig | None = None
         self._negative: PromptEmbeddings | None = None
-        self._negative_rows: dict[int, PromptEmbeddings] = {}
 
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""
@@ -223,9 +223,8 @@ class FlowMatchingModel(ABC):
         x = latents.to(self.dtype)
         if guidance_scale == 1.0 or self.guidance_mode in ("embedded", "none"):
             return self._forward(x, sigma, cond, guidance_scale).float()
-        if len(cond) not in self._negative_rows:
-            self._negative_rows[len(cond)] = self.negative_embeddings().expand_to(len(cond))
-        negative = self._negative_rows[len(cond)]
+        single = self.negative_embeddings()
+        negative = single.cached(f"rows{len(cond)}", lambda: single.expand_to(len(cond)))
         if not uncond_grad and torch.is_grad_enabled():
             cond_v = self._forward(x, sigma, cond, guidance_scale).float()
             with torch.no_grad():
