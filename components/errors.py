@@ -27,3 +27,11 @@ class CheckpointError(FlowGRPOError):
 
 class LaunchError(FlowGRPOError):
     """A cluster launch that cannot be built, submitted or that did not finish successfully."""
+
+
+class TrackingError(FlowGRPOError):
+    """An MLflow server that cannot be reached or refuses work that has no other place to go (a replay)."""
+
+
+class RunOutputError(FlowGRPOError):
+    """A run output (config.yaml, metrics.jsonl, samples/, lora/) that is missing or cannot be read."""

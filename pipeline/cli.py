@@ -169,6 +169,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay_mlflow(args: argparse.Namespace) -> int:
+    from components.tracking.replay import replay_run
+    from components.trainer.run_output import read_finished_run, run_name
+
+    _quiet_libraries()
+    run = read_finished_run(args.output)
+    done = replay_run(run, run_name=args.run_name or run_name(run.uri), experiment=args.experiment,
+                      register=not args.no_register, force=args.force, log=status_line)
+    registered = f"; registered as version {done.registered_version}" if done.registered_version else ""
+    print(f"MLflow run ({done.status}{registered}): {done.url}")
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from pipeline.local_run import serve_ui
 
@@ -322,6 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"), help="the local runs' work directory")
     p.add_argument("--port", type=int, default=5000, help="MLflow UI port (default 5000)")
     p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("replay-mlflow", help="log a finished run output into MLflow (after an outage)",
+                       description="Log what a training run left under its output (params from config.yaml, lineage "
+                                   "tags from run.json, metrics.jsonl with step = epoch, the samples/ grids, the "
+                                   "final lora/) as a new run in $MLFLOW_TRACKING_URI, as live tracking would have: "
+                                   "for runs made while MLflow was down or tracking was off. The LoRA is "
+                                   "registered as a new version of tracking.registered_model when the config names "
+                                   "one, else logged as artifacts. All or nothing: a replay that fails deletes the "
+                                   "run it made. An output already in the experiment is refused unless --force.")
+    p.add_argument("output", metavar="DIR_OR_S3_URI", help="the run output (`train --output`)")
+    p.add_argument("--experiment", default=None,
+                   help="MLflow experiment (default: the run's tracking.experiment)")
+    p.add_argument("--run-name", default=None, help="MLflow run name (default: the output's last path part)")
+    p.add_argument("--no-register", action="store_true",
+                   help="log the LoRA as artifacts instead of registering it in the Model Registry")
+    p.add_argument("--force", action="store_true",
+                   help="log another run even when the experiment already holds one for this output")
+    p.set_defaults(func=cmd_replay_mlflow)
 
     p = sub.add_parser("compile", help="compile the Kubeflow pipeline to YAML",
                        description="Compile the KFP v2 pipeline (with its kubernetes settings: Secrets as env, "

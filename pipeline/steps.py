@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from components import storage
 from components.console import status_line
@@ -162,7 +162,7 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     end."""
     from components.tracking.pipeline_runs import child_run
     from components.trainer.metrics import describe_learning, learning_summary
-    from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE
+    from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, run_name
 
     if local_state_dir() is not None:
         from components.trainer.loop import train as run_training
@@ -178,8 +178,7 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     if history:
         log(describe_learning(learning_summary(history)))
     last = history[-1] if history else {}
-    # The trainer names its MLflow run after the output folder, under the pipeline's parent run.
-    mlflow_run = child_run(parent_run_id, PurePosixPath(output.rstrip("/")).name) if parent_run_id else None
+    mlflow_run = child_run(parent_run_id, run_name(output)) if parent_run_id else None
     return TrainedRef(output, storage.join(output, FINAL_LORA_DIR), mlflow_run, last)
 
 

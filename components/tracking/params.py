@@ -19,6 +19,8 @@ SECRET_KEY = re.compile(r"secret|passw|token|api[_-]?key|credential|access[_-]?k
 
 GIT_COMMIT_ENV = "FLOWGRPO_GIT_COMMIT"
 IMAGE_ENV = "FLOWGRPO_IMAGE"
+# The output a run writes to, on its MLflow run: how a replay finds that the output is already there.
+RUN_OUTPUT_TAG = "flowgrpo.run_output"
 
 
 def redact(text: str) -> str:

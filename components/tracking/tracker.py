@@ -50,6 +50,24 @@ def _is_permanent(exc: BaseException) -> bool:
     return getattr(exc, "error_code", None) in _PERMANENT_CODES
 
 
+def mlflow_client(uri: str) -> Any:
+    """An MlflowClient that gives up on a dead server in seconds (see _CLIENT_ENV_DEFAULTS)."""
+    for key, value in _CLIENT_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list:
+    """MLflow Metric entities of the finite numbers in ``metrics``: an epoch whose rewards all failed has no
+    mean to plot."""
+    from mlflow.entities import Metric
+
+    return [Metric(k, float(v), timestamp_ms, step) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+
+
 class NullTracker:
     """Tracking off (no MLFLOW_TRACKING_URI): every call is a no-op."""
 
@@ -70,12 +88,8 @@ class MlflowTracker(NullTracker):
     def __init__(self, uri: str, experiment: str, run_name: str, *, parent_run_id: str | None = None,
                  run_id: str | None = None, system_metrics: bool = True, owns_run: bool = True,
                  log: Callable[[str], None] = print) -> None:
-        for key, value in _CLIENT_ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        from mlflow import MlflowClient
-
         self.uri = redact(uri)  # for messages: a password in the URL never reaches a log
-        self.client = MlflowClient(uri)
+        self.client = mlflow_client(uri)
         self.log = log
         self.run_id = run_id
         self.url: str | None = None
@@ -190,12 +204,7 @@ class MlflowTracker(NullTracker):
         self._submit("set tags", lambda: self.client.log_batch(self.run_id, tags=batch))
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
-        """Finite numbers only: an epoch whose rewards all failed has no mean to plot."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                 if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+        batch = metric_batch(metrics, step, int(time.time() * 1000))
         self._submit(f"metrics of step {step}", lambda: self.client.log_batch(self.run_id, metrics=batch))
 
     def log_image(self, image: np.ndarray, key: str, step: int) -> None:
@@ -243,7 +252,8 @@ class MlflowTracker(NullTracker):
                    else "not sent: it was never reachable during this run")
             self.log(f"MLflow at {self.uri}: {len(left)} item(s) {why} ({', '.join(left[:3])}"
                      f"{', ...' if len(left) > 3 else ''}); the metrics are in metrics.jsonl, the sample grids in "
-                     "samples/ and the LoRA in lora/ of the run output")
+                     "samples/ and the LoRA in lora/ of the run output: `flowgrpo replay-mlflow OUTPUT` logs "
+                     "them as a run once MLflow is back")
 
 
 def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, parent_run_id: str | None = None,

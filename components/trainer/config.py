@@ -203,8 +203,17 @@ class TrackingConfig(Section):
     system_metrics: bool = Field(default=True, description="log CPU/GPU/memory/disk/network as system/* metrics")
     registered_model: str | None = Field(
         default="flowgrpo-lora", min_length=1,
-        description="Model Registry name the final LoRA is registered under; null = do not register",
+        description="Model Registry name the final LoRA is registered under (no '/' or ':'); null = do not "
+                    "register",
     )
+
+    @field_validator("registered_model")
+    @classmethod
+    def _registry_name(cls, value: str | None) -> str | None:
+        # refused here, not by MLflow at the end of a finished run
+        if value is not None and any(c in value for c in "/:"):
+            raise ValueError("MLflow model names cannot contain '/' or ':'")
+        return value
 
 
 class TrainingJobConfig(Section):

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from components.rewards.scoring import (
     combine,
     concat_outputs,
 )
-from components.tracking.params import flatten_params, lineage_tags
+from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_tags, redact
 from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
@@ -38,12 +38,18 @@ from components.trainer.metrics import MetricsFile, learning_summary, progress_l
 from components.trainer.models import FlowMatchingModel, load_model
 from components.trainer.prompt_cache import PromptEncoder
 from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
-from components.trainer.run_output import CONFIG_FILE, FINAL_LORA_DIR, METRICS_FILE, RunOutput
+from components.trainer.run_output import (
+    CONFIG_FILE,
+    FINAL_LORA_DIR,
+    METRICS_FILE,
+    SAMPLES_DIR,
+    RunOutput,
+    run_name,
+    write_run_record,
+)
 from components.trainer.samples import pick_samples, sample_grid
 from components.trainer.sharding import shard_transformer
 from components.trainer.update import UpdateSettings, policy_update
-
-SAMPLES_DIR = "samples"
 
 
 @dataclass
@@ -451,15 +457,16 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
         check_world_size(config, workers)
     out, start = _open_output(config, output, resume)
     t = config.tracking
-    tracker = open_tracker(t.experiment, PurePosixPath(out.uri.rstrip("/")).name or "train",
+    tracker = open_tracker(t.experiment, run_name(out.uri),
                            run_id=start[1].mlflow_run_id if start else None,
                            parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
         dumped = config.model_dump(mode="json")
         lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
-        tracker.set_tags(lineage)
+        tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
         if start is None:
+            write_run_record(out, lineage)
             tracker.log_params(flatten_params(dumped))
         if workers:
             from components.trainer.ray_train import run_on_ray

@@ -2,22 +2,31 @@
 
 The trainer always writes into :attr:`RunOutput.local`; for a remote output each finished file is then
 uploaded to the same relative name under :attr:`RunOutput.uri`, so the layout is the same in both places:
-``config.yaml``, ``metrics.jsonl``, ``samples/``, ``checkpoints/``, ``lora/``.
+``config.yaml``, ``run.json``, ``metrics.jsonl``, ``samples/``, ``checkpoints/``, ``lora/``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
-from pathlib import Path
+import time
+from pathlib import Path, PurePosixPath
 
 from components import storage
+from components.errors import RunOutputError
+from components.tracking.replay import FinishedRun
 
 # What a run writes under its output (also read by the pipeline steps, which must not import torch).
 FINAL_LORA_DIR = "lora"
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.yaml"
+SAMPLES_DIR = "samples"
+# lineage tags and start time, as the run had them: what a later MLflow replay needs beyond the config
+RUN_RECORD_FILE = "run.json"
+_SAMPLE_NAME = re.compile(r"epoch-(\d+)\.png")
 
 
 def _staging_root() -> Path:
@@ -64,3 +73,93 @@ class RunOutput:
                 return False
             storage.get_file(self.uri_of(rel), self.local / rel)
         return (self.local / rel).is_file()
+
+
+def run_name(uri: str) -> str:
+    """The MLflow run name of a run writing to ``uri``: the output's last path part."""
+    return PurePosixPath(str(uri).rstrip("/")).name or "train"
+
+
+def write_run_record(out: RunOutput, lineage: dict[str, str]) -> None:
+    (out.local / RUN_RECORD_FILE).write_text(json.dumps(
+        {"lineage": lineage, "started_at_ms": int(time.time() * 1000)}, indent=1))
+    out.publish(RUN_RECORD_FILE)
+
+
+def _read_json(path: Path, what: str) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunOutputError(f"{what} is unreadable: {exc}") from exc
+
+
+def _metrics(out: RunOutput) -> list[dict]:
+    if not out.fetch(METRICS_FILE):
+        return []
+    rows = []
+    for n, line in enumerate((out.local / METRICS_FILE).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RunOutputError(f"{out.uri_of(METRICS_FILE)} line {n} is not JSON: {exc}") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("epoch"), int):
+            raise RunOutputError(f"{out.uri_of(METRICS_FILE)} line {n} has no integer 'epoch'")
+        rows.append(row)
+    return rows
+
+
+def _samples(out: RunOutput) -> list[tuple[int, Path]]:
+    from PIL import Image, UnidentifiedImageError
+
+    local = out.local / SAMPLES_DIR
+    paths = (storage.download_dir(out.uri_of(SAMPLES_DIR), local) if out.remote
+             else sorted(local.glob("*.png")) if local.is_dir() else [])
+    found = []
+    for path in paths:
+        if (m := _SAMPLE_NAME.fullmatch(path.name)) is None:
+            continue
+        try:
+            with Image.open(path) as img:
+                img.verify()
+        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
+            raise RunOutputError(f"{out.uri_of(SAMPLES_DIR + '/' + path.name)} is not a readable PNG: {exc}") from exc
+        found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def _final_lora(out: RunOutput) -> Path | None:
+    local = out.local / FINAL_LORA_DIR
+    if out.remote:
+        if not storage.list(out.uri_of(FINAL_LORA_DIR)):
+            return None
+        shutil.rmtree(local, ignore_errors=True)
+        storage.download_dir(out.uri_of(FINAL_LORA_DIR), local)
+    return local if local.is_dir() and any(local.iterdir()) else None
+
+
+def read_finished_run(uri: str | os.PathLike[str]) -> FinishedRun:
+    """Everything a run left under ``uri`` that MLflow would have held, with local paths to its files (a
+    remote output is copied into its staging directory first)."""
+    import yaml
+
+    out = RunOutput(uri)
+    out.local.mkdir(parents=True, exist_ok=True)
+    if not out.fetch(CONFIG_FILE):
+        raise RunOutputError(f"{out.uri} is not a run output: it has no {CONFIG_FILE}")
+    try:
+        config = yaml.safe_load((out.local / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise RunOutputError(f"{out.uri_of(CONFIG_FILE)} is unreadable: {exc}") from exc
+    if not isinstance(config, dict):
+        raise RunOutputError(f"{out.uri_of(CONFIG_FILE)} is not a mapping of config sections")
+    record = _read_json(out.local / RUN_RECORD_FILE, out.uri_of(RUN_RECORD_FILE)) if out.fetch(RUN_RECORD_FILE) else {}
+    if not isinstance(record, dict):
+        raise RunOutputError(f"{out.uri_of(RUN_RECORD_FILE)} is not a JSON object")
+    return FinishedRun(
+        uri=out.uri, config=config, metrics=_metrics(out), samples=_samples(out), lora_dir=_final_lora(out),
+        lineage={str(k): str(v) for k, v in (record.get("lineage") or {}).items()},
+        latest_checkpoint=storage.latest_checkpoint(out.uri_of("checkpoints")),
+        started_at_ms=record.get("started_at_ms"),
+    )

@@ -181,6 +181,7 @@ BAD_CONFIGS = [
     (["reward_server.url=http://bob:PLANTED-9f3@127.0.0.1:1"], "reward_server.url: a URL with credentials"),
     (["rewards=[{name: vlm_judge, args: {base_url: 'https://u:PLANTED-9f3@judge/v1', model: m}}]"],
      "rewards.0.args.base_url: a URL with credentials"),
+    (["tracking.registered_model=team/lora"], "tracking.registered_model: MLflow model names cannot contain"),
 ]
 
 

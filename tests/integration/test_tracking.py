@@ -25,10 +25,13 @@ from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from components.errors import TrackingError
+from components.tracking.replay import replay_run
 from components.tracking.tracker import MlflowTracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.generate import generate, load_with_lora
 from components.trainer.loop import train
+from components.trainer.run_output import RUN_RECORD_FILE, read_finished_run
 from pipeline.services.mlflow_server import running_mlflow
 from pipeline.services.process import free_ports
 from pipeline.services.seaweed import SeaweedS3
@@ -107,8 +110,7 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
         history = client.get_metric_history(run.info.run_id, key)
         assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in rows], key
     assert any(k.startswith("system/") for k in run.data.metrics)
-    images = [f.path for f in client.list_artifacts(run.info.run_id, "images")]
-    assert any("samples+step+2+" in p for p in images) and any("samples+step+4+" in p for p in images)
+    assert _grid_steps(client, run.info.run_id) == [2, 4]
     secrets = (s3.secret_key, s3.access_key)
     assert not any(s in json.dumps([run.data.params, run.data.tags]) for s in secrets)
 
@@ -131,6 +133,39 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
     base = generate(load_with_lora(config.model, config.seed, None), prompts, **kw)
     assert np.array_equal(got, expected)
     assert not np.array_equal(got, base)  # the registered model really carries the LoRA
+
+    # replayed from the output, the run is the one MLflow would have had: refused where the live run is,
+    # equal to it elsewhere
+    output = read_finished_run(f"s3://{s3.bucket}/{prefix}")
+    assert run.data.tags["flowgrpo.run_output"] == output.uri
+    with pytest.raises(TrackingError, match=f"already in MLflow experiment '{experiment}' as run {run.info.run_id}"):
+        replay_run(output, run_name="again", log=log)
+    replayed = replay_run(output, run_name="replayed", experiment=experiment + "-replay", log=log)
+    copy = client.get_run(replayed.run_id)
+    assert copy.info.status == replayed.status == "FINISHED" and copy.info.run_name == "replayed"
+    assert copy.data.params == run.data.params
+    live_tags = {k: v for k, v in run.data.tags.items() if k.startswith("flowgrpo.")}
+    assert {k: v for k, v in copy.data.tags.items() if k.startswith("flowgrpo.")} == {**live_tags,
+                                                                                     "flowgrpo.replayed": "true"}
+    live_keys = {k for k in run.data.metrics if not k.startswith("system/")}
+    assert set(copy.data.metrics) == live_keys
+    for key in live_keys:
+        assert ([(m.step, m.value) for m in client.get_metric_history(copy.info.run_id, key)]
+                == [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]), key
+    assert _grid_steps(client, copy.info.run_id) == _grid_steps(client, run.info.run_id) == [2, 4]
+    (again,) = [v for v in client.search_model_versions(f"name='{model_name}'") if v.run_id == copy.info.run_id]
+    assert replayed.registered_version == again.version and again.version != version.version
+    assert again.tags["flowgrpo.lora_uri"] == version.tags["flowgrpo.lora_uri"]
+    out = mlflow.pyfunc.load_model(f"models:/{model_name}/{again.version}").predict(
+        pd.DataFrame({"prompt": prompts}), params={"seed": 3, "num_inference_steps": 4, "guidance_scale": 1.0})
+    assert np.array_equal(np.stack([np.asarray(Image.open(io.BytesIO(base64.b64decode(b))))
+                                    for b in out["image_png_b64"]]), got)
+
+
+def _grid_steps(client: MlflowClient, run_id: str) -> list[int]:
+    """The steps of the sample grids logged in a run (MLflow names them images/samples+step+N+...)."""
+    names = [f.path.split("/")[-1] for f in client.list_artifacts(run_id, "images")]
+    return sorted({int(n.split("+step+")[1].split("+")[0]) for n in names if n.startswith("samples+step+")})
 
 
 KILLER = """
@@ -218,7 +253,9 @@ def test_training_finishes_when_mlflow_never_answers(tmp_path, monkeypatch: pyte
     assert "metrics.jsonl" in left and result.mlflow_run_url is None
 
 
-def test_a_server_never_reached_is_not_waited_for_at_the_end(tmp_path, monkeypatch: pytest.MonkeyPatch):
+def test_a_server_never_reached_is_not_waited_for_at_the_end_and_the_run_is_replayed_later(
+        services, tmp_path, monkeypatch: pytest.MonkeyPatch, capsys):
+    _, server = services
     (port,) = free_ports(1)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", "1")
@@ -235,6 +272,43 @@ def test_a_server_never_reached_is_not_waited_for_at_the_end(tmp_path, monkeypat
     assert [r["epoch"] for r in result.history] == [1, 2]
     assert sorted(p.name for p in (tmp_path / "out" / "samples").iterdir()) == ["epoch-000001.png", "epoch-000002.png"]
     assert (result.lora_dir / ckpt.LORA_FILE).is_file()
+
+    # once MLflow is there, the command line replays the output into it
+    experiment = f"e-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.url}
+    proc = _flowgrpo(env, "replay-mlflow", str(tmp_path / "out"), "--experiment", experiment, "--no-register")
+    assert proc.returncode == 0, proc.stderr
+    client = MlflowClient(server.url)
+    run = _run_of(client, experiment)
+    assert run.info.run_id in proc.stdout and run.info.status == "FINISHED" and run.info.run_name == "out"
+    for key in ("reward/mean", "policy_loss", "images_per_s"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in result.history]
+    record = json.loads((tmp_path / "out" / RUN_RECORD_FILE).read_text())
+    assert run.info.start_time == record["started_at_ms"]
+    assert run.data.tags["flowgrpo.config_hash"] == record["lineage"]["flowgrpo.config_hash"]
+    assert run.data.params["train.epochs"] == "2"
+    assert _grid_steps(client, run.info.run_id) == [1, 2]
+    lora = Path(client.download_artifacts(run.info.run_id, f"lora/{ckpt.LORA_FILE}", str(tmp_path / "dl")))
+    assert lora.read_bytes() == (result.lora_dir / ckpt.LORA_FILE).read_bytes()
+
+    # all or nothing: a replay MLflow refuses part-way (a model name it forbids, edited into the output's
+    # config) leaves no run behind; an output without a config is not a run output
+    from pipeline.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+    config_file = tmp_path / "out" / "config.yaml"
+    config_file.write_text(config_file.read_text().replace("registered_model: flowgrpo-lora",
+                                                           "registered_model: team/lora"))
+    capsys.readouterr()
+    assert main(["replay-mlflow", str(tmp_path / "out"), "--experiment", experiment + "-b"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert "registering the LoRA as 'team/lora' failed" in line and "was deleted" in line, err
+    assert client.search_runs([client.get_experiment_by_name(experiment + "-b").experiment_id]) == []
+    assert main(["replay-mlflow", str(tmp_path / "samples-only")]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert "is not a run output: it has no config.yaml" in line
 
 
 def _flowgrpo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
