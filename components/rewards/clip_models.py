@@ -1,4 +1,4 @@
-"""Rewards computed with a CLIP model (FLOWGRPO.md section 8): CLIP score, PickScore and the LAION
+"""Rewards computed with a CLIP model (docs/ALGORITHM.md section 8): CLIP score, PickScore and the LAION
 aesthetic predictor.
 
 Weights come only from a local directory holding a transformers ``CLIPModel`` and its

@@ -14,7 +14,7 @@ Aggregation = Literal["sum", "gdpo"]
 class RewardSpec(Section):
     name: str = Field(min_length=1, description="registered reward name or dotted import path package.module:Class")
     label: str | None = Field(default=None, description="key in metrics and results (default: the name)")
-    weight: float = Field(default=1.0, description="weight in the combined reward (FLOWGRPO.md section 5)")
+    weight: float = Field(default=1.0, description="weight in the combined reward (docs/ALGORITHM.md section 5)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
     required: bool = Field(default=False, description="a failure of this reward aborts the step instead of "
                                                       "excluding the failed samples")

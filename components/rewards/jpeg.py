@@ -1,4 +1,4 @@
-"""JPEG (in)compressibility (FLOWGRPO.md section 8): the encoded size at quality 95."""
+"""JPEG (in)compressibility (docs/ALGORITHM.md section 8): the encoded size at quality 95."""
 
 from __future__ import annotations
 

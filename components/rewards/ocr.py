@@ -1,4 +1,4 @@
-"""OCR reward (FLOWGRPO.md section 8): how well the text rendered in the image matches the target.
+"""OCR reward (docs/ALGORITHM.md section 8): how well the text rendered in the image matches the target.
 
 Text is read with RapidOCR (PP-OCR models on onnxruntime) from the ONNX files bundled in the
 ``rapidocr`` wheel, so nothing is ever downloaded. The score is ``text_match.ocr_score`` of the

@@ -12,7 +12,7 @@ from components.rewards.registry import RewardCache
 
 
 class Rank(GroupwiseReward):
-    """``argsort(argsort(s)) / K`` over the group's valid scores (FLOWGRPO.md section 8).
+    """``argsort(argsort(s)) / K`` over the group's valid scores (docs/ALGORITHM.md section 8).
 
     ``reward`` is the wrapped reward's config, e.g. ``{name: jpeg_compressibility}``. Samples whose
     inner score failed stay failed and are not ranked.

@@ -1,4 +1,4 @@
-"""The OCR reward's text formula (FLOWGRPO.md section 8), shared by the `ocr` reward and the VLM
+"""The OCR reward's text formula (docs/ALGORITHM.md section 8), shared by the `ocr` reward and the VLM
 judge's transcription mode."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""VLM-as-judge (FLOWGRPO.md section 8): an OpenAI-compatible chat endpoint (vLLM in production) sees
+"""VLM-as-judge (docs/ALGORITHM.md section 8): an OpenAI-compatible chat endpoint (vLLM in production) sees
 each image as a PNG data URL plus a question, and its reply becomes the reward.
 
 Modes:

@@ -1,4 +1,4 @@
-"""GRPO advantages from per-sample rewards (FLOWGRPO.md sections 4 and 5). Imports only torch."""
+"""GRPO advantages from per-sample rewards (docs/ALGORITHM.md sections 4 and 5). Imports only torch."""
 
 from __future__ import annotations
 
@@ -76,14 +76,18 @@ def gdpo_advantages(
     A sample whose reward failed for any k gets 0 and is left out of the batch statistics.
     """
     names = list(rewards)
-    total = sum(weights[k] * compute_advantages(rewards[k], group_ids, global_std=global_std, eps=eps, clip=clip)
-                for k in names)
+    per_reward = torch.stack([compute_advantages(rewards[k], group_ids, global_std=global_std, eps=eps, clip=clip)
+                              for k in names])
+    total = sum(weights[k] * per_reward[i] for i, k in enumerate(names))
     valid = torch.stack([torch.isfinite(rewards[k]) for k in names]).all(dim=0)
+    # a sample no reward tells apart from its group stays exactly 0 (the batch mean it would be shifted by is 0
+    # up to round-off), so train.skip_zero_advantage leaves it out as under `sum`
+    informative = valid & (per_reward != 0).any(dim=0)
     if valid.sum() < 2:
         return torch.zeros_like(total)
     sel = total[valid].double()
     normed = (total.double() - sel.mean()) / sel.std(unbiased=False).clamp(min=1e-6)
-    return torch.where(valid, normed, torch.zeros_like(normed)).to(total.dtype)
+    return torch.where(informative, normed, torch.zeros_like(normed)).to(total.dtype)
 
 
 def group_statistics(rewards: torch.Tensor, group_ids: torch.Tensor | Sequence) -> dict[str, float]:

@@ -53,6 +53,12 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="model weights dtype")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto`: cuda when available")
     resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
+    max_sequence_length: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="text tokens per prompt (T5 for SD3 and FLUX, Qwen2.5-VL for Qwen-Image); longer prompts are "
+                    "cut. null = the family's: 128 for SD3 and FLUX (upstream flow_grpo's training length), 512 for "
+                    "Qwen-Image (its pipeline's)",
+    )
     offload_text_encoders: bool = Field(
         default=False,
         description="keep the text encoders off the accelerator once prompts are encoded: embeddings are cached "
@@ -93,7 +99,10 @@ def _refuse_renamed_batch_size(data: Any, section: str, meaning: str) -> Any:
 
 class SDEWindowConfig(Section):
     size: int = Field(ge=1, description="number of consecutive SDE steps")
-    range: tuple[int, int] = Field(description="inclusive range [lo, hi] of the window's first step")
+    range: tuple[int, int] = Field(
+        description="[lo, hi]: the window lies within steps lo .. hi - 1, its first step drawn uniformly from "
+                    "lo .. hi - size once per epoch (upstream's sde_window_range)",
+    )
 
 
 class SamplingConfig(Section):
@@ -104,7 +113,7 @@ class SamplingConfig(Section):
         description="CFG scale (SD3), true-CFG scale (Qwen-Image) or embedded guidance (FLUX.1-dev); 1 disables CFG",
     )
     noise_level: float = Field(default=0.7, gt=0, le=10, description="SDE noise level a")
-    sde_type: Literal["sde", "cps"] = Field(default="sde", description="FLOWGRPO.md section 1 or 2")
+    sde_type: Literal["sde", "cps"] = Field(default="sde", description="docs/ALGORITHM.md section 1 or 2")
     group_size: int = Field(default=8, ge=1, description="images per prompt (K)")
     prompts_per_epoch: int = Field(default=8, ge=1, description="prompt groups sampled per epoch")
     batch_size_per_worker: int = Field(
@@ -121,19 +130,21 @@ class SamplingConfig(Section):
     def _check(self) -> SamplingConfig:
         if self.sde_window is not None:
             lo, hi = self.sde_window.range
-            last = self.num_steps - self.sde_window.size
-            if not 0 <= lo <= hi <= last:
+            size = self.sde_window.size
+            if not 0 <= lo <= hi - size or hi > self.num_steps:
                 raise ValueError(
-                    f"sampling.sde_window.range must satisfy 0 <= lo <= hi <= num_steps - size = {last}, "
-                    f"got [{lo}, {hi}]"
+                    f"sampling.sde_window.range [lo, hi] must hold the window of size {size} within the "
+                    f"{self.num_steps} steps (0 <= lo <= hi - size, hi <= sampling.num_steps), got [{lo}, {hi}]"
                 )
         return self
 
 
 class EMAConfig(Section):
     enabled: bool = Field(default=False, description="keep an EMA of the LoRA weights for saving and eval")
-    decay: float = Field(default=0.9, gt=0, lt=1)
-    update_every: int = Field(default=8, ge=1, description="optimizer steps between EMA updates")
+    decay: float = Field(default=0.9, gt=0, lt=1,
+                         description="the decay's ceiling: at optimizer step s it is min(decay, (1 + s) / (10 + s))")
+    update_every: int = Field(default=8, ge=1,
+                              description="optimizer steps between EMA updates (at steps s with (s + 1) % n == 0)")
 
 
 class TrainConfig(Section):
@@ -149,9 +160,25 @@ class TrainConfig(Section):
         default=1, ge=1, description=f"micro-batches each worker accumulates per optimizer step; {SAMPLES_PER_STEP}",
     )
     inner_epochs: int = Field(default=1, ge=1, description="passes over each epoch's samples")
+    skip_zero_advantage: bool = Field(
+        default=True,
+        description="train only the samples whose advantage is not 0 (groups whose rewards all agree, failed rewards), "
+                    "spread over the same micro-batches and padded to equal sizes with random zero-advantage samples, "
+                    "as upstream; false trains every sample (their policy gradient is 0, they dilute the rest and "
+                    "still add KL)",
+    )
     clip_range: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip epsilon")
     adv_clip_max: float = Field(default=5.0, gt=0)
-    global_std: bool = Field(default=True, description="normalise advantages by the batch std, not the group's")
+    global_std: bool = Field(
+        default=True,
+        description="normalise advantages by the batch std, not the group's (with reward_aggregation 'sum')",
+    )
+    gdpo_reward_std: Literal["group", "global"] = Field(
+        default="group",
+        description="with reward_aggregation 'gdpo': each reward is normalised by its std within the group (the "
+                    "method's definition, as Flow-Factory) or by its std over the batch, before the weighted sum is "
+                    "batch-normalised",
+    )
     beta: float = Field(default=0.0, ge=0, description="KL weight to the adapter-disabled model")
     timestep_fraction: float = Field(default=0.99, gt=0, le=1, description="share of the steps trained on")
     train_cfg: bool = Field(default=False, description="repeat CFG in the training forward")
@@ -171,8 +198,9 @@ class TrainConfig(Section):
     cfg_uncond_grad: bool = Field(
         default=True,
         description="with train_cfg: let the gradient flow through the unconditional (negative-prompt) CFG branch "
-                    "too (the exact gradient); false runs that branch without gradient, as an earlier upstream "
-                    "version did: a cheaper backward and a different gradient",
+                    "too (the exact gradient, as upstream flow_grpo's current train_sd3.py); false runs that branch "
+                    "without gradient, as upstream did between commits 2d76907 and ac4c86e: a cheaper backward and a "
+                    "different gradient, missing (1 - scale) x d v_uncond / d theta (docs/ALGORITHM.md section 6)",
     )
     sharding: Literal["none", "fsdp"] = Field(
         default="none",

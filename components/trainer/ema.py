@@ -9,18 +9,25 @@ import torch
 
 
 class LoRAEMA:
+    """Upstream's schedule (flow_grpo ``flow_grpo/ema.py``): at optimizer step ``s`` (steps taken so far), fold
+    the weights in when ``(s + 1) % update_every == 0``, with the decay warmed up as
+    ``min(decay, (1 + s) / (10 + s))`` so the random initial LoRA is forgotten within the first updates."""
+
     def __init__(self, params: list[torch.nn.Parameter], decay: float, update_every: int) -> None:
         self.decay = decay
         self.update_every = update_every
         self.shadow = [p.detach().clone() for p in params]
 
+    def decay_at(self, optimizer_step: int) -> float:
+        return min(self.decay, (1 + optimizer_step) / (10 + optimizer_step))
+
     @torch.no_grad()
     def step(self, params: list[torch.nn.Parameter], optimizer_step: int) -> None:
-        """Fold the current weights in every ``update_every`` optimizer steps."""
-        if optimizer_step % self.update_every:
+        if (optimizer_step + 1) % self.update_every:
             return
+        decay = self.decay_at(optimizer_step)
         for s, p in zip(self.shadow, params, strict=True):
-            s.mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+            s.mul_(decay).add_(p.detach(), alpha=1 - decay)
 
     @contextlib.contextmanager
     def applied(self, params: list[torch.nn.Parameter]) -> Iterator[None]:

@@ -111,9 +111,10 @@ def _epoch_prompts(rows: list[PromptRow], n: int, generator: torch.Generator) ->
 def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> SamplerSettings:
     s = config.sampling
     window = None
-    if s.sde_window is not None:
+    if s.sde_window is not None:  # once per epoch, for every sample of it (upstream: once per sampling batch)
         lo, hi = s.sde_window.range
-        window = (int(torch.randint(lo, hi + 1, (1,), generator=generator)), s.sde_window.size)
+        size = s.sde_window.size
+        window = (int(torch.randint(lo, hi - size + 1, (1,), generator=generator)), size)
     sde_steps, train_steps = plan_steps(s.num_steps, config.train.timestep_fraction, window)
     return SamplerSettings(
         num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level, sde_type=s.sde_type,
@@ -129,7 +130,7 @@ def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel) -> Upd
         batch_size=t.batch_size_per_worker, gradient_accumulation_steps=t.gradient_accumulation_steps,
         inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
         guidance_scale=model.training_guidance_scale(config.sampling.guidance_scale, t.train_cfg),
-        cfg_uncond_grad=t.cfg_uncond_grad,
+        cfg_uncond_grad=t.cfg_uncond_grad, skip_zero_advantage=t.skip_zero_advantage,
     )
 
 
@@ -183,11 +184,12 @@ def rollout_advantages(
     group_ids: torch.Tensor,
 ) -> torch.Tensor:
     t = config.train
-    kw = {"global_std": t.global_std, "clip": t.adv_clip_max}
     if config.reward_aggregation == "gdpo":
         tensors = {k: torch.from_numpy(out.scores).float() for k, out in outputs.items()}
-        return gdpo_advantages(tensors, weights, group_ids.cpu(), **kw)
-    return compute_advantages(torch.from_numpy(combined).float(), group_ids.cpu(), **kw)
+        return gdpo_advantages(tensors, weights, group_ids.cpu(), global_std=t.gdpo_reward_std == "global",
+                               clip=t.adv_clip_max)
+    return compute_advantages(torch.from_numpy(combined).float(), group_ids.cpu(), global_std=t.global_std,
+                              clip=t.adv_clip_max)
 
 
 def _epoch_metrics(outputs: dict[str, RewardOutput], combined: np.ndarray, advantages: torch.Tensor,

@@ -1,4 +1,4 @@
-"""Clipped FlowGRPO policy loss with optional KL to the reference model (FLOWGRPO.md section 6).
+"""Clipped FlowGRPO policy loss with optional KL to the reference model (docs/ALGORITHM.md section 6).
 
 Imports only torch.
 """

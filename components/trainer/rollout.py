@@ -1,5 +1,5 @@
 """Rollouts: K images per prompt sampled with the SDE, with the trajectory FlowGRPO trains on
-(FLOWGRPO.md section 3)."""
+(docs/ALGORITHM.md section 3)."""
 
 from __future__ import annotations
 

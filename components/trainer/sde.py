@@ -1,6 +1,6 @@
 """One reverse-time SDE step of a flow-matching sampler, with its log-probability.
 
-Implements FLOWGRPO.md sections 1 (``sde``) and 2 (``cps``). All math runs in
+Implements docs/ALGORITHM.md sections 1 (``sde``) and 2 (``cps``). All math runs in
 float32 whatever the model dtype. Imports only torch.
 """
 

@@ -1,4 +1,4 @@
-"""The policy update on one epoch's rollout (FLOWGRPO.md section 6)."""
+"""The policy update on one epoch's rollout (docs/ALGORITHM.md section 6)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,27 @@ class UpdateSettings:
     max_grad_norm: float
     guidance_scale: float  # guidance in the training forward: the sampling scale with train_cfg, else 1
     cfg_uncond_grad: bool = True  # the gradient also flows through CFG's unconditional branch
+    skip_zero_advantage: bool = False  # train only samples with a non-zero advantage (padded, see micro_batches)
+
+
+def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage: bool,
+                  generator: torch.Generator) -> list[torch.Tensor]:
+    """One inner epoch's micro-batches: sample indices in a random order, ``ceil(n / batch_size)`` of them.
+
+    With ``skip_zero_advantage`` the samples whose advantage is exactly 0 (zero-std groups, failed rewards) are
+    left out and the rest spread evenly over the same number of micro-batches, so every worker takes the same
+    forwards and optimizer steps whatever its share of zeros. As upstream, zero-advantage samples chosen at
+    random pad the kept ones to a multiple of that number (equal micro-batches, none empty).
+    """
+    n = advantages.shape[0]
+    order = torch.randperm(n, generator=generator)
+    if not skip_zero_advantage:
+        return list(order.split(batch_size))
+    count = -(-n // batch_size)
+    nonzero = advantages.cpu()[order] != 0
+    kept, zeros = order[nonzero], order[~nonzero]  # each in the random order
+    target = min(n, max(count, -(-len(kept) // count) * count))
+    return list(torch.cat([kept, zeros[:target - len(kept)]]).tensor_split(count))
 
 
 def policy_update(
@@ -50,14 +71,17 @@ def policy_update(
     """
     n_steps = rollout.log_probs.shape[1]
     scale = 1.0 / (n_steps * settings.gradient_accumulation_steps)
-    advantages = advantages.to(model.device)
+    trained = 0
+    device_advantages = advantages.to(model.device)
     sums: dict[str, torch.Tensor | float] = defaultdict(float)  # tensors: no device sync per timestep
     counts: dict[str, int] = defaultdict(int)
 
     model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward
     for _ in range(settings.inner_epochs):
-        order = torch.randperm(len(rollout), generator=generator).to(rollout.prompt_index.device)
-        for i, idx in enumerate(order.split(settings.batch_size)):
+        batches = micro_batches(advantages, settings.batch_size, settings.skip_zero_advantage, generator)
+        trained += sum(len(b) for b in batches)
+        for i, idx in enumerate(batches):
+            idx = idx.to(rollout.prompt_index.device)
             cond = rollout.embeds.select(rollout.prompt_index[idx])
             for t in range(n_steps):
                 log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale,
@@ -68,7 +92,7 @@ def policy_update(
                         _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale,
                                                        cond=cond)
                 loss, metrics = flow_grpo_loss(
-                    log_prob, rollout.log_probs[idx, t], advantages[idx], clip_range=settings.clip_range,
+                    log_prob, rollout.log_probs[idx, t], device_advantages[idx], clip_range=settings.clip_range,
                     mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=settings.beta,
                 )
                 (loss * scale).backward()
@@ -93,4 +117,6 @@ def policy_update(
                     ema.step(params, optimizer_step)
     keys = list(sums)  # one host read for every metric, not one per key (per-step keys grow with the steps)
     totals = torch.stack([torch.as_tensor(sums[k]) for k in keys]).double().cpu().tolist()
-    return {k: total / counts[k] for k, total in zip(keys, totals, strict=True)}, optimizer_step
+    metrics = {k: total / counts[k] for k, total in zip(keys, totals, strict=True)}
+    metrics["trained_fraction"] = trained / (len(rollout) * settings.inner_epochs)
+    return metrics, optimizer_step

@@ -54,6 +54,7 @@ FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
 H100_SD35_PEAK_GIB = 49.9
 QWEN_PROMPT_TOKENS = 100  # a typical OCR prompt after the template; SD3 and FLUX pad to a fixed length
+T5_DEFAULT_LENGTH = 128  # model.max_sequence_length null: the SD3 and FLUX adapters' default (upstream's)
 GIB = 2**30
 MIB = 2**20
 # the CPU measurement: real width, few blocks, small images, so an epoch takes seconds
@@ -70,6 +71,14 @@ def _setting(ckpt: bool, offload: bool, sharding: str) -> str:
     return f"ckpt {'on ' if ckpt else 'off'}  offload {'on ' if offload else 'off'}  {sharding:<4}"
 
 
+def _text_tokens(config: ExperimentConfig, family: str) -> int:
+    """Text tokens per prompt row: Qwen-Image's own prompt length; SD3's 77 CLIP + the T5 length; FLUX's T5."""
+    if family == "qwen-image":
+        return QWEN_PROMPT_TOKENS
+    t5 = config.model.max_sequence_length or T5_DEFAULT_LENGTH
+    return 77 + t5 if family == "sd35-medium" else t5
+
+
 def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: bool, world: int,
               text_layers: int | None = None, cpu: bool = False, **shape: int) -> dict[str, float]:
     """The estimator at ``config``'s per-worker settings; ``text_layers``: text encoders of that depth (as in a
@@ -79,7 +88,7 @@ def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: boo
     s, t, lora = config.sampling, config.train, config.model.lora
     sizes: dict[str, int | None] = {"sample_batch": s.batch_size_per_worker, "train_batch": t.batch_size_per_worker,
                                     "resolution": config.model.resolution, "transformer_layers": None,
-                                    "text_tokens": QWEN_PROMPT_TOKENS if family == "qwen-image" else None}
+                                    "text_tokens": _text_tokens(config, family)}
     if cpu:
         sizes.update(CPU_SIZES)
     sizes.update(shape)
@@ -95,8 +104,8 @@ def calibration() -> None:
 
     config = load_config(CONFIG_DIR / "sd35-medium-ocr.yaml", [
         "sampling.batch_size_per_worker=8", "train.batch_size_per_worker=8", "sampling.prompts_per_epoch=1",
-        "sampling.group_size=8", "train.gradient_accumulation_steps=1"])
-    est = _estimate(config, "sd35-medium", ckpt=False, offload=False, world=1)
+        "sampling.group_size=8", "train.gradient_accumulation_steps=1", "model.max_sequence_length=256"])
+    est = _estimate(config, "sd35-medium", ckpt=False, offload=False, world=1)  # T5 256: that run's length
     # that run's T5 had 2 layers; its CLIP encoders were whole
     t5_real, t5_run = (real_shapes.sd35_medium_text_encoders(layers)["text_encoder_3"] for layers in (None, 2))
     peak = est["peak_gib"] - (t5_real - t5_run) * 2 / GIB

@@ -60,13 +60,13 @@ NOISE_LEVEL = 0.7
 class Family:
     """What the adapter cannot tell: the default text lengths, in tokens."""
 
-    text_tokens: int  # SD3: 77 CLIP + 256 T5; FLUX.1: the T5 length; Qwen-Image: the prompt's own token count
+    text_tokens: int  # SD3: 77 CLIP + 128 T5; FLUX.1: the T5 length (128); Qwen-Image: the prompt's own length
     negative_tokens: int  # the negative prompt's text length (Qwen-Image: " " after the template, 6 tokens)
 
 
 FAMILIES: dict[str, Family] = {
-    "sd35-medium": Family(77 + 256, 77 + 256),
-    "flux1-dev": Family(512, 0),  # embedded guidance: no negative prompt
+    "sd35-medium": Family(77 + 128, 77 + 128),
+    "flux1-dev": Family(128, 0),  # embedded guidance: no negative prompt
     "qwen-image": Family(100, 6),
 }
 

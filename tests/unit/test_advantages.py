@@ -1,4 +1,4 @@
-"""GRPO advantages (FLOWGRPO.md sections 4-5) against hand computations and an independent numpy version."""
+"""GRPO advantages (docs/ALGORITHM.md sections 4-5) against hand computations and an independent numpy version."""
 
 import math
 
@@ -116,3 +116,50 @@ def test_group_statistics():
     stats = group_statistics(r, [0, 0, 1, 1, 2, 2])
     assert stats["failed_fraction"] == pytest.approx(1 / 6)
     assert stats["zero_std_group_fraction"] == pytest.approx(2 / 3)  # group 0 all equal, group 2 one valid
+
+
+def _flow_factory_gdpo(rewards: dict[str, np.ndarray], weights: dict[str, float], g: np.ndarray) -> np.ndarray:
+    """GDPO as Flow-Factory defines it: each reward normalised within its group by its own group std, weighted,
+    summed, then batch-normalised."""
+    total = np.zeros(len(g))
+    for key, r in rewards.items():
+        adv = np.zeros(len(g))
+        for gid in np.unique(g):
+            m = g == gid
+            adv[m] = (r[m] - r[m].mean()) / r[m].std()
+        total += weights[key] * adv
+    return (total - total.mean()) / total.std()
+
+
+def test_gdpo_defaults_to_the_per_group_std_of_each_reward():
+    from components.rewards.base import RewardOutput
+    from components.trainer.loop import rollout_advantages
+    from pipeline.config import load_config
+
+    rng = np.random.default_rng(3)
+    g = np.repeat(np.arange(4), 6)
+    # the groups' spreads differ by 30x: a batch std and a group std disagree for every group
+    scale = np.repeat([0.1, 1.0, 3.0, 0.3], 6)
+    r1, r2 = rng.normal(size=24) * scale, rng.normal(size=24) * scale[::-1] * 10
+    w = {"a": 1.0, "b": 0.5}
+    expected = _flow_factory_gdpo({"a": r1, "b": r2}, w, g)
+    two = ["reward_aggregation=gdpo", "rewards=[{name: brightness}, {name: jpeg_compressibility}]"]
+    config = load_config(None, two)
+    outputs = {"a": RewardOutput(r1, [None] * 24), "b": RewardOutput(r2, [None] * 24)}
+    got = rollout_advantages(config, w, outputs, np.zeros(24), torch.tensor(g))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=2e-3, atol=2e-3)  # eps 1e-4 in the std, float32
+    glob = load_config(None, [*two, "train.gdpo_reward_std=global"])
+    other = rollout_advantages(glob, w, outputs, np.zeros(24), torch.tensor(g))
+    total = w["a"] * _numpy_advantages(r1, g, True) + w["b"] * _numpy_advantages(r2, g, True)
+    np.testing.assert_allclose(other.numpy(), (total - total.mean()) / total.std(), rtol=1e-5, atol=1e-5)
+    assert float(np.abs(other.numpy() - expected).max()) > 0.5  # the two rules really differ here
+
+
+def test_gdpo_keeps_a_group_no_reward_tells_apart_at_exactly_zero():
+    """So that train.skip_zero_advantage leaves it out, as with `sum` (round-off would make it ~1e-8)."""
+    g = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    r1 = torch.tensor([0.3, 0.3, 0.3, 0.1, 0.9, 0.4, 0.2, 0.7, 0.5])
+    r2 = torch.tensor([2.0, 2.0, 2.0, 1.0, 3.0, 0.5, 4.0, 1.0, 2.0])
+    got = gdpo_advantages({"a": r1, "b": r2}, {"a": 1.0, "b": 0.5}, g, global_std=False)
+    assert got[:3].tolist() == [0.0, 0.0, 0.0]
+    assert bool((got[3:] != 0).all())

@@ -1,4 +1,4 @@
-"""Clipped policy loss and KL (FLOWGRPO.md section 6) on hand-made ratios and closed forms."""
+"""Clipped policy loss and KL (docs/ALGORITHM.md section 6) on hand-made ratios and closed forms."""
 
 import math
 

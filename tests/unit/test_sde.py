@@ -1,4 +1,4 @@
-"""The SDE step against an independent float64 computation of the spec's formulas (FLOWGRPO.md 1-2)."""
+"""The SDE step against an independent float64 computation of the spec's formulas (docs/ALGORITHM.md 1-2)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The OCR text formula against hand-computed cases (FLOWGRPO.md section 8)."""
+"""The OCR text formula against hand-computed cases (docs/ALGORITHM.md section 8)."""
 
 import pytest
 

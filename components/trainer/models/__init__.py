@@ -87,4 +87,5 @@ def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> Flo
         if module is not None:
             module.eval().requires_grad_(False)
     pipe.set_progress_bar_config(disable=True)
-    return _attr(PIPELINES[type(pipe).__name__])(pipe, device, dtype, config.negative_prompt)
+    return _attr(PIPELINES[type(pipe).__name__])(pipe, device, dtype, config.negative_prompt,
+                                                 config.max_sequence_length)

@@ -20,6 +20,7 @@ from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict
 
+from components.errors import ModelLoadError
 from components.trainer.config import GuidanceMode, LoRAConfig
 
 T = TypeVar("T")
@@ -102,14 +103,23 @@ class FlowMatchingModel(ABC):
     batch_cfg = True  # the negative pass shares the prompt's forward (same text length in the batch)
     linear_sigmas = False  # the pipeline hands the scheduler np.linspace(1, 1/N, N) (FLUX, Qwen-Image)
     lora_targets: tuple[str, ...] = JOINT_ATTENTION_TARGETS  # named in error messages
+    default_max_sequence_length = 128  # text tokens per prompt when model.max_sequence_length is null
+    text_tokenizer = "tokenizer"  # the tokenizer whose limit caps the text length
 
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
+    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
+                 max_sequence_length: int | None = None) -> None:
         self.pipeline = pipeline
         self.device = device
         self.dtype = dtype
         self.negative_prompt = negative_prompt
         self.lora_config: LoraConfig | None = None
         self._negative: PromptEmbeddings | None = None
+        limit = getattr(pipeline, self.text_tokenizer).model_max_length
+        if max_sequence_length is not None and max_sequence_length > limit:
+            raise ModelLoadError(f"model.max_sequence_length {max_sequence_length} is over the limit of the model's "
+                                 f"text tokenizer ({self.text_tokenizer}: {limit} tokens)")
+        # the family default, or the (tiny) tokenizer's limit if shorter
+        self.max_sequence_length = max_sequence_length or min(self.default_max_sequence_length, limit)
 
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""

@@ -13,10 +13,13 @@ from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
 
 
 class FluxModel(PackedLatentModel):
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
-        super().__init__(pipeline, device, dtype, negative_prompt)
-        # the pipeline's default T5 length, or the (tiny) tokenizer's if shorter
-        self.max_sequence_length = min(512, pipeline.tokenizer_2.model_max_length)
+    # T5 tokens: upstream flow_grpo trains with 128 (the pipeline's default is 512)
+    default_max_sequence_length = 128
+    text_tokenizer = "tokenizer_2"
+
+    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
+                 max_sequence_length: int | None = None) -> None:
+        super().__init__(pipeline, device, dtype, negative_prompt, max_sequence_length)
         self._img_ids: dict[int, torch.Tensor] = {}
 
     @property

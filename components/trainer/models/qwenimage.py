@@ -14,15 +14,18 @@ from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
 class QwenImageModel(PackedLatentModel):
     guidance_mode = "true_cfg"
     batch_cfg = False
+    default_max_sequence_length = 512  # the pipeline's, which upstream flow_grpo keeps
 
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         # the pipeline enables true CFG only with a negative prompt (an empty one counts)
         negative = self.negative_prompt if guidance_scale > 1 else None
-        return {"true_cfg_scale": guidance_scale, "negative_prompt": negative}
+        return {"true_cfg_scale": guidance_scale, "negative_prompt": negative,
+                "max_sequence_length": self.max_sequence_length}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
-        embeds, mask = self.pipeline.encode_prompt(prompt=prompts, device=self.device)
+        embeds, mask = self.pipeline.encode_prompt(prompt=prompts, device=self.device,
+                                                   max_sequence_length=self.max_sequence_length)
         if mask is None:  # the pipeline drops an all-ones mask; rows must keep one to be selected and batched
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype), "prompt_embeds_mask": mask})

@@ -8,10 +8,9 @@ from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
 
 
 class SD3Model(FlowMatchingModel):
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "") -> None:
-        super().__init__(pipeline, device, dtype, negative_prompt)
-        # the pipeline's default T5 length, or the (tiny) tokenizer's if shorter
-        self.max_sequence_length = min(256, pipeline.tokenizer_3.model_max_length)
+    # T5 tokens: upstream flow_grpo trains with 128 (the pipeline's default is 256; CLIP stays at 77)
+    default_max_sequence_length = 128
+    text_tokenizer = "tokenizer_3"
 
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         return {**super().pipeline_call_kwargs(guidance_scale), "max_sequence_length": self.max_sequence_length}
