@@ -42,7 +42,7 @@ def _default_output(config_path: Path) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     _quiet_libraries()
-    from components.trainer.loop import train
+    from components.training_run import train
 
     output = args.output or _default_output(args.config)
     status_line(f"training {args.config} -> {output}")
@@ -170,13 +170,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay_mlflow(args: argparse.Namespace) -> int:
+    from components.registry.versions import register_lora_version
     from components.tracking.replay import replay_run
     from components.trainer.run_output import read_finished_run, run_name
 
     _quiet_libraries()
     run = read_finished_run(args.output)
     done = replay_run(run, run_name=args.run_name or run_name(run.uri), experiment=args.experiment,
-                      register=not args.no_register, force=args.force, log=status_line)
+                      register=None if args.no_register else register_lora_version, force=args.force,
+                      log=status_line)
     registered = f"; registered as version {done.registered_version}" if done.registered_version else ""
     print(f"MLflow run ({done.status}{registered}): {done.url}")
     return 0

@@ -165,7 +165,7 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, run_name
 
     if local_state_dir() is not None:
-        from components.trainer.loop import train as run_training
+        from components.training_run import train as run_training
 
         run_training(config, output, resume="auto", parent_run_id=parent_run_id, workers=ray_workers, log=log)
     else:
@@ -212,7 +212,7 @@ def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list
     version) when given. Progress goes to ``log``, the results (per-reward deltas, warnings, verdict) to
     ``say``. Returns the EvalResult."""
     from components.evaluate.evaluate import evaluate as run_evaluation
-    from components.tracking.registry import apply_gate
+    from components.registry.versions import apply_gate
     from components.tracking.tracker import open_tracker
 
     tracker = open_tracker(config.tracking.experiment, "evaluate", parent_run_id=parent_run_id,
@@ -255,8 +255,9 @@ def register(config: ExperimentConfig, lora_uri: str, train_run_id: str | None, 
     """Register the LoRA as a new version of ``tracking.registered_model`` (logged into the training run, with
     its lineage tags) and apply the gate's verdict to it; "NAME/VERSION", or None when there is no registry
     (tracking off, no model name, no training run)."""
-    from components.tracking.pipeline_runs import lineage_of, register_lora_version, tracking_uri
-    from components.tracking.registry import apply_gate
+    from components.registry.versions import apply_gate, register_lora_version
+    from components.tracking.pipeline_runs import lineage_of
+    from components.tracking.server import tracking_uri
 
     name = config.tracking.registered_model
     if tracking_uri() is None or not name or train_run_id is None:

@@ -20,6 +20,7 @@ import yaml
 
 from components.console import status_line
 from components.errors import LaunchError
+from components.kube_types import Toleration
 from components.podspec import (
     S3_SECRET_KEYS,
     container_security,
@@ -34,7 +35,6 @@ from components.podspec import (
 from components.reward_server.deploy_config import RewardDeployConfig
 from components.reward_server.settings import ServerSettings
 from components.rewards.config import RewardSpec
-from components.trainer.rayjob_config import Toleration
 
 NAME_PREFIX = "flowgrpo-rs-"
 # Service names are DNS-1035 labels (63): room for JUDGE_SUFFIX.

@@ -9,6 +9,18 @@ from pydantic import Field, model_validator
 from components.config_base import Section
 
 Aggregation = Literal["sum", "gdpo"]
+# Built-in reward names -> their classes' import paths (imported only where scoring happens)
+BUILTIN: dict[str, str] = {
+    "brightness": "components.rewards.brightness:Brightness",
+    "jpeg_compressibility": "components.rewards.jpeg:JpegCompressibility",
+    "jpeg_incompressibility": "components.rewards.jpeg:JpegIncompressibility",
+    "ocr": "components.rewards.ocr:OcrReward",
+    "clip_score": "components.rewards.clip_models:ClipScore",
+    "pickscore": "components.rewards.clip_models:PickScore",
+    "aesthetic": "components.rewards.clip_models:AestheticScore",
+    "vlm_judge": "components.rewards.vlm_judge:VLMJudge",
+    "rank": "components.rewards.rank:Rank",
+}
 
 
 class RewardSpec(Section):
@@ -28,8 +40,6 @@ class RewardSpec(Section):
 def check_names(specs: list[RewardSpec], where: str) -> None:
     """Each name is a built-in reward or has the form of an import path (importing it is left to the process that
     scores: the pipeline's light steps have no model libraries)."""
-    from components.rewards.registry import BUILTIN
-
     for i, spec in enumerate(specs):
         if spec.name not in BUILTIN and "." not in spec.name and ":" not in spec.name:
             raise ValueError(f"{where}.{i}.name: unknown reward {spec.name!r}; known: {', '.join(sorted(BUILTIN))} "

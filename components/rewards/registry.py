@@ -9,19 +9,7 @@ import json
 
 from components.errors import RewardError
 from components.rewards.base import Reward
-from components.rewards.config import RewardSpec
-
-BUILTIN: dict[str, str] = {
-    "brightness": "components.rewards.brightness:Brightness",
-    "jpeg_compressibility": "components.rewards.jpeg:JpegCompressibility",
-    "jpeg_incompressibility": "components.rewards.jpeg:JpegIncompressibility",
-    "ocr": "components.rewards.ocr:OcrReward",
-    "clip_score": "components.rewards.clip_models:ClipScore",
-    "pickscore": "components.rewards.clip_models:PickScore",
-    "aesthetic": "components.rewards.clip_models:AestheticScore",
-    "vlm_judge": "components.rewards.vlm_judge:VLMJudge",
-    "rank": "components.rewards.rank:Rank",
-}
+from components.rewards.config import BUILTIN, RewardSpec
 
 
 def _import(target: str, where: str) -> type[Reward]:

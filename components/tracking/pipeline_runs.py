@@ -3,24 +3,12 @@ step creates. Synchronous, unlike the trainer's tracker: a pipeline step has not
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 from components.tracking.params import redact, short_error
-from components.tracking.tracker import TRACKING_URI_ENV
+from components.tracking.server import mlflow_client, tracking_uri
 
 PIPELINE_RUN_TAG = "flowgrpo.pipeline_run_id"
-
-
-def tracking_uri() -> str | None:
-    return os.environ.get(TRACKING_URI_ENV) or None
-
-
-def _client():
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri())
 
 
 def _runs_of(client, experiment_id: str, pipeline_run_id: str) -> list:
@@ -32,7 +20,7 @@ def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | No
     retried step agree without passing ids around); None when tracking is off."""
     if tracking_uri() is None:
         return None
-    client = _client()
+    client = mlflow_client()
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
     if runs := _runs_of(client, experiment_id, pipeline_run_id):
@@ -50,7 +38,7 @@ def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool,
     from mlflow.exceptions import MlflowException
 
     try:
-        client = _client()
+        client = mlflow_client()
         found = client.get_experiment_by_name(experiment)
         for run in [] if found is None else _runs_of(client, found.experiment_id, pipeline_run_id):
             client.set_terminated(run.info.run_id, status="FINISHED" if succeeded else "FAILED")
@@ -58,30 +46,16 @@ def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool,
         log(f"MLflow at {redact(tracking_uri() or '')}: could not close the pipeline's run: {short_error(exc)}")
 
 
-def register_lora_version(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int,
-                          tags: dict[str, str], log: Callable[[str], None] = print) -> str:
-    """Log the LoRA as a pyfunc model into run ``run_id``, register it as a new version of ``name``, tag
-    the version; returns the version."""
-    from components.tracking.pyfunc_model import log_lora_model
-
-    version = log_lora_model(run_id, name, lora_dir, model_config, seed)
-    client = _client()
-    for key, value in {**tags, "flowgrpo.run_id": run_id}.items():
-        client.set_model_version_tag(name, version, key, value)
-    log(f"registered {name} version {version} in the MLflow Model Registry")
-    return version
-
-
 def lineage_of(run_id: str) -> dict[str, str]:
     """The ``flowgrpo.*`` lineage tags a training run carries (config hash, dataset, base model, commit)."""
-    return {k: v for k, v in _client().get_run(run_id).data.tags.items() if k.startswith("flowgrpo.")}
+    return {k: v for k, v in mlflow_client().get_run(run_id).data.tags.items() if k.startswith("flowgrpo.")}
 
 
 def parent_run_of(run_name: str) -> tuple[str, str] | None:
     """(experiment id, run id) of the pipeline run named ``run_name`` (the KFP job name), if tracked."""
     if tracking_uri() is None:
         return None
-    client = _client()
+    client = mlflow_client()
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(experiments, f"attributes.run_name = '{run_name}' and tags.`{PIPELINE_RUN_TAG}` != ''",
                               max_results=1)
@@ -90,7 +64,7 @@ def parent_run_of(run_name: str) -> tuple[str, str] | None:
 
 def child_run(parent_run_id: str, run_name: str) -> str | None:
     """The id of the run named ``run_name`` under ``parent_run_id`` (the newest, if retried), if any."""
-    client = _client()
+    client = mlflow_client()
     parent = client.get_run(parent_run_id)
     runs = client.search_runs([parent.info.experiment_id],
                               f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = '{run_name}'",

@@ -10,7 +10,6 @@ that lost MLflow part-way) is refused unless forced.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +20,15 @@ import numpy as np
 
 from components.errors import TrackingError
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error
-from components.tracking.tracker import TRACKING_URI_ENV, metric_batch, mlflow_client
+from components.tracking.server import TRACKING_URI_ENV, mlflow_client, tracking_uri
+from components.tracking.tracker import metric_batch
 
 # MLflow takes at most 1000 metrics and 100 params per log_batch call
 _METRICS_PER_BATCH = 1000
 _PARAMS_PER_BATCH = 100
 _PROGRESS_EVERY_S = 10.0
+# (run id, model name, LoRA folder, model config, seed, version tags, log) -> the new version
+RegisterFn = Callable[..., str]
 EPOCH_SECONDS_KEYS = ("time/sampling", "time/scoring", "time/training")
 
 
@@ -129,19 +131,18 @@ class _Replay:
                 self.log(f"replay: {i}/{total} sample grids sent")
                 last_said = time.monotonic()
 
-    def lora(self, registered_model: str | None) -> str | None:
-        """Register the LoRA as the live run would; without a registered model, log the folder as artifacts."""
+    def lora(self, registered_model: str | None, register: RegisterFn | None) -> str | None:
+        """Register the LoRA as the live run would; without a registered model (or a way to register), log the
+        folder as artifacts."""
         lora_dir = self.run.lora_dir
         if lora_dir is None:
             return None
-        if not registered_model:
+        if not registered_model or register is None:
             self._call("logging the LoRA", lambda: self.client.log_artifacts(self.run_id, str(lora_dir), "lora"))
             return None
-        from components.tracking.pipeline_runs import register_lora_version
-
         config = self.run.config
         tags = {**self.run.lineage, "flowgrpo.lora_uri": _join(self.run.uri, lora_dir.name)}
-        return self._call(f"registering the LoRA as {registered_model!r}", lambda: register_lora_version(
+        return self._call(f"registering the LoRA as {registered_model!r}", lambda: register(
             self.run_id, registered_model, lora_dir, config.get("model") or {}, int(config.get("seed", 0)), tags,
             log=self.log))
 
@@ -163,17 +164,18 @@ def _join(uri: str, name: str) -> str:
     return f"{uri.rstrip('/')}/{name}"
 
 
-def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None, register: bool = True,
-               force: bool = False, log: Callable[[str], None] = print) -> Replayed:
+def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None,
+               register: RegisterFn | None = None, force: bool = False,
+               log: Callable[[str], None] = print) -> Replayed:
     """Log ``run`` to $MLFLOW_TRACKING_URI as a new run in ``experiment`` (default: the run's
-    ``tracking.experiment``) and, with ``register``, the LoRA as a new version of its
-    ``tracking.registered_model``."""
-    tracking_uri = os.environ.get(TRACKING_URI_ENV)
-    if not tracking_uri:
+    ``tracking.experiment``) and, with ``register`` (``components.registry.versions.register_lora_version``),
+    the LoRA as a new version of its ``tracking.registered_model``."""
+    uri = tracking_uri()
+    if not uri:
         raise TrackingError(f"{TRACKING_URI_ENV} is not set: it names the MLflow server to replay into")
     tracking = run.config.get("tracking") or {}
     experiment = experiment or tracking.get("experiment") or "flowgrpo"
-    replay = _Replay(tracking_uri, run, log)
+    replay = _Replay(uri, run, log)
     experiment_id = replay.experiment_id(experiment)
     existing = replay.existing_runs(experiment_id)
     if existing and not force:
@@ -189,7 +191,7 @@ def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None
         replay.images()
         if run.samples:
             log(f"replay: {len(run.samples)} sample grids")
-        version = replay.lora(tracking.get("registered_model") if register else None)
+        version = replay.lora(tracking.get("registered_model"), register)
         status = "FINISHED" if run.lora_dir is not None else "FAILED"
         replay.finish(status)
     except BaseException as exc:  # Ctrl-C included: a half-logged run is worse than none

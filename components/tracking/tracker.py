@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from components.tracking.params import redact, short_error
+from components.tracking.server import TRACKING_URI_ENV, mlflow_client, tracking_uri
 
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
 FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
 OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
@@ -33,9 +33,6 @@ DEFAULT_FLUSH_TIMEOUT_S = 120.0
 NEVER_REACHED_GRACE_S = 5.0
 DEFAULT_OPEN_TIMEOUT_S = 15.0
 MAX_BACKOFF_S = 30.0
-# Our thread retries for as long as it takes; MLflow's own retries (7, exponential) would only make each
-# attempt slower to notice an outage and to notice the end of one.
-_CLIENT_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
                     "BAD_REQUEST", "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
 
@@ -48,15 +45,6 @@ class _Op:
 
 def _is_permanent(exc: BaseException) -> bool:
     return getattr(exc, "error_code", None) in _PERMANENT_CODES
-
-
-def mlflow_client(uri: str) -> Any:
-    """An MlflowClient that gives up on a dead server in seconds (see _CLIENT_ENV_DEFAULTS)."""
-    for key, value in _CLIENT_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-    from mlflow import MlflowClient
-
-    return MlflowClient(uri)
 
 
 def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list:
@@ -79,8 +67,7 @@ class NullTracker:
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
     def log_image(self, image: np.ndarray, key: str, step: int) -> None: ...
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
-    def register_lora(self, name: str, lora_dir: Path, model_config: dict, seed: int,
-                      tags: dict[str, str]) -> None: ...
+    def call(self, what: str, fn: Callable[[str], None]) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
 
 
@@ -216,16 +203,10 @@ class MlflowTracker(NullTracker):
         self._submit(f"artifact {Path(path).name}",
                      lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
 
-    def register_lora(self, name: str, lora_dir: Path, model_config: dict, seed: int,
-                      tags: dict[str, str]) -> None:
-        """Log the LoRA as a pyfunc model in this run and register it as a new version of ``name``."""
-        self._submit(f"register model {name}", lambda: self._register(name, Path(lora_dir), model_config, seed,
-                                                                      tags))
-
-    def _register(self, name: str, lora_dir: Path, model_config: dict, seed: int, tags: dict[str, str]) -> None:
-        from components.tracking.pipeline_runs import register_lora_version
-
-        register_lora_version(self.run_id, name, lora_dir, model_config, seed, tags, log=self.log)
+    def call(self, what: str, fn: Callable[[str], None]) -> None:
+        """Queue ``fn(run_id)`` behind everything logged so far (e.g. registering the LoRA as a model version),
+        retried like the rest while the server is away; ``what`` names it in messages."""
+        self._submit(what, lambda: fn(self.run_id))
 
     def close(self, status: str = "FINISHED") -> None:
         """Finish the run (if this tracker owns it); wait up to $FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S for buffered
@@ -261,7 +242,7 @@ def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, p
                  log: Callable[[str], None] = print) -> NullTracker:
     """An MLflow tracker when $MLFLOW_TRACKING_URI is set, else a no-op one. The parent run id comes from
     the argument or $FLOWGRPO_MLFLOW_PARENT_RUN_ID (set by the pipeline step that owns the parent run)."""
-    uri = os.environ.get(TRACKING_URI_ENV)
+    uri = tracking_uri()
     if not uri:
         log(f"MLflow tracking off ({TRACKING_URI_ENV} is not set)")
         return NullTracker()

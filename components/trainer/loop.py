@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from components.console import status_line
-from components.dataset.prompts import PromptRow, dataset_hash, load_prompt_rows
+from components.dataset.prompts import PromptRow, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
 from components.rewards.base import RewardOutput
 from components.rewards.client import RemoteRewardSet
@@ -26,8 +26,7 @@ from components.rewards.scoring import (
     combine,
     concat_outputs,
 )
-from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_tags, redact
-from components.tracking.tracker import NullTracker, open_tracker
+from components.tracking.tracker import NullTracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.collective import Collective
@@ -39,13 +38,10 @@ from components.trainer.models import FlowMatchingModel, load_model
 from components.trainer.prompt_cache import PromptEncoder
 from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
 from components.trainer.run_output import (
-    CONFIG_FILE,
     FINAL_LORA_DIR,
     METRICS_FILE,
     SAMPLES_DIR,
     RunOutput,
-    run_name,
-    write_run_record,
 )
 from components.trainer.samples import pick_samples, sample_grid
 from components.trainer.sharding import shard_transformer
@@ -417,87 +413,3 @@ def run_worker(config: TrainingJobConfig, out: RunOutput, *, log: Callable[[str]
     elif trainer.collective.is_main:
         trainer.metrics.path.unlink(missing_ok=True)
     return trainer.fit()
-
-
-def _open_output(config: TrainingJobConfig, output: str | Path,
-                 resume: bool | str) -> tuple[RunOutput, tuple[str, ckpt.TrainerState] | None]:
-    """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output
-    and, when this continues a run, the (URI, state) of the checkpoint it continues from."""
-    out = RunOutput(output)
-    latest = ckpt.latest_checkpoint(out.uri)
-    if resume == "auto":
-        resume = latest is not None
-    if resume and latest is None:
-        raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.checkpoint_root(out.uri)}")
-    if not resume and latest is not None:
-        raise CheckpointError(
-            f"{out.uri} already holds checkpoints; pass --resume to continue that run or choose another --output"
-        )
-    start = (latest, ckpt.read_checkpoint(latest)) if resume else None
-    out.prepare(fresh=not resume)
-    (out.local / CONFIG_FILE).write_text(_dump_yaml(config))
-    out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
-    return out, start
-
-
-def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, lineage: dict[str, str]) -> None:
-    """Register the final LoRA in the Model Registry (queued on the tracker; no-op without tracking)."""
-    name = config.tracking.registered_model
-    if name:
-        tags = {**lineage, "flowgrpo.lora_uri": out.uri_of(FINAL_LORA_DIR)}
-        tracker.register_lora(name, out.local / FINAL_LORA_DIR, config.model.model_dump(mode="json"), config.seed,
-                              tags)
-
-
-def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str = False,
-          log: Callable[[str], None] = status_line, parent_run_id: str | None = None, workers: int = 0) -> TrainResult:
-    """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix). With ``resume``
-    continue from the newest complete checkpoint there; ``"auto"`` continues if there is one (a retried job).
-    ``workers`` > 0 trains on that many Ray Train workers instead of in this process. Tracks to MLflow when
-    MLFLOW_TRACKING_URI is set."""
-    if workers:
-        check_world_size(config, workers)
-    out, start = _open_output(config, output, resume)
-    t = config.tracking
-    tracker = open_tracker(t.experiment, run_name(out.uri),
-                           run_id=start[1].mlflow_run_id if start else None,
-                           parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
-    status = "FAILED"
-    try:
-        dumped = config.model_dump(mode="json")
-        lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
-        tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
-        if start is None:
-            write_run_record(out, lineage)
-            tracker.log_params(flatten_params(dumped))
-        if workers:
-            from components.trainer.ray_train import run_on_ray
-
-            run_on_ray(config, out, workers, tracker, log)
-            result = _collect(out, tracker)
-        else:
-            result = run_worker(config, out, log=log, tracker=tracker, start=start)
-        _register(tracker, config, out, lineage)
-        status = "FINISHED"
-        return result
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        tracker.close(status)
-
-
-def _collect(out: RunOutput, tracker: NullTracker) -> TrainResult:
-    """The result of a run the workers wrote: its metrics and final LoRA, copied here from ``out``."""
-    from components import storage
-
-    out.fetch(METRICS_FILE)
-    if out.remote:
-        storage.download_dir(out.uri_of(FINAL_LORA_DIR), out.local / FINAL_LORA_DIR)
-    return TrainResult(out, MetricsFile(out.local / METRICS_FILE).read(), out.local / FINAL_LORA_DIR, tracker.url)
-
-
-def _dump_yaml(config: TrainingJobConfig) -> str:
-    import yaml
-
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

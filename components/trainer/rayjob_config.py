@@ -5,91 +5,28 @@ Only the launcher reads it; a local `flowgrpo train` ignores it.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from components.config_base import Section
+from components.kube_types import (
+    INT32_MAX,
+    ObjectName,
+    Quantity,
+    Toleration,
+    check_gpu_pool,
+    check_image,
+    dns_label,
+)
 
-INT32_MAX = 2**31 - 1
-# A positive Kubernetes quantity ("2", "500m", "8Gi", "1.5"); the API server would reject anything else.
-_QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[mkMGTPE])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Ray's token authentication (kept on in the cluster) needs this Ray version or later (KubeRay validation).
 MIN_TOKEN_AUTH_RAY = (2, 52, 0)
-
-
-def _quantity(value: str) -> str:
-    if not _QUANTITY.fullmatch(value) or float(re.sub(r"[^\d.]", "", value) or 0) == 0:
-        raise ValueError("not a positive Kubernetes quantity such as '2', '500m' or '8Gi'")
-    return value
-
-
-def _dns_label(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
-        raise ValueError("not a DNS-1123 label (lowercase letters, digits and '-'; at most 63)")
-    return value
-
-
-def _object_name(value: str | None) -> str | None:
-    if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value)):
-        raise ValueError("not a valid Kubernetes object name (a lowercase DNS subdomain)")
-    return value
-
-
-# YAML reads `cpu: 2` as an int; Kubernetes quantities are strings.
-Quantity = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int | float) else v),
-                     AfterValidator(_quantity)]
-# A Secret, ServiceAccount, ... name; None = none.
-ObjectName = Annotated[str | None, AfterValidator(_object_name)]
-
-
-def check_image(image: str) -> str:
-    """A pinned image reference: a version tag or a digest, never `latest` nor untagged."""
-    if not image or any(c.isspace() for c in image):
-        raise ValueError("not an image reference")
-    if "@sha256:" in image:
-        return image
-    name, _, tag = image.rpartition(":")
-    if not name or not tag or "/" in tag:  # no tag at all: the last ':' (if any) belongs to a registry port
-        raise ValueError("the image has no tag: pin a version (e.g. ghcr.io/flowgrpo/flowgrpo-trainer:0.1.0) "
-                         "or a digest (@sha256:...) so every pod of the run gets the same code")
-    if tag == "latest":
-        raise ValueError("the image uses the moving tag 'latest': pin a version or a digest so every pod "
-                         "of the run (and a retry) gets the same code")
-    return image
-
-
-def check_gpu_pool(gpus: int, node_selector: dict[str, str], where: str) -> None:
-    """GPUs need a node selector: without one, GPU pods land anywhere the scheduler likes, or stay Pending with no
-    hint why."""
-    if gpus > 0 and not node_selector:
-        raise ValueError(f"GPUs requested without a GPU node pool: set {where}.node_selector "
-                         "(e.g. {cloud.google.com/gke-accelerator: nvidia-h100-80gb})")
 
 
 class HeadConfig(Section):
     cpu: Quantity = Field(default="1", description="CPU request = limit of the Ray head pod (it only coordinates)")
     memory: Quantity = Field(default="4Gi", description="memory request = limit of the Ray head pod")
-
-
-class Toleration(Section):
-    key: str | None = Field(default=None, description="taint key to tolerate, e.g. nvidia.com/gpu")
-    operator: Literal["Equal", "Exists"] = Field(default="Equal", description="`Exists` matches any value")
-    value: str | None = Field(default=None, description="taint value (operator Equal only)")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="taint effect to tolerate; null = all effects",
-    )
-
-    @model_validator(mode="after")
-    def _value_matches_operator(self) -> Toleration:
-        if self.operator == "Exists" and self.value is not None:
-            raise ValueError("a toleration with operator Exists takes no value")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("a toleration without a key needs operator Exists")
-        return self
 
 
 class WorkersConfig(Section):
@@ -116,7 +53,7 @@ class WorkersConfig(Section):
 class RayJobConfig(Section):
     """The KubeRay RayJob a cluster run becomes: where, which image, which pods, how it ends."""
 
-    namespace: Annotated[str, AfterValidator(_dns_label)] = Field(
+    namespace: Annotated[str, AfterValidator(dns_label)] = Field(
         default="flowgrpo", description="Kubernetes namespace of the RayJob (and its Secrets)",
     )
     image: Annotated[str, AfterValidator(check_image)] = Field(

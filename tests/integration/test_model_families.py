@@ -174,8 +174,8 @@ def test_saved_lora_reloads_through_the_pipelines_load_lora_weights_and_reproduc
     # the registered pyfunc rebuilds the same family from model.json and serves the same images
     from types import SimpleNamespace
 
+    from components.registry.pyfunc_model import LoRAImageModel
     from components.rewards.codec import decode_image_b64
-    from components.tracking.pyfunc_model import LoRAImageModel
 
     (tmp_path / "model.json").write_text(json.dumps({"model": config.model.model_dump(mode="json"),
                                                      "seed": config.seed}))

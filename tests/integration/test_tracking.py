@@ -26,12 +26,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from components.errors import TrackingError
+from components.registry.versions import register_lora_version
 from components.tracking.replay import replay_run
 from components.tracking.tracker import MlflowTracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.generate import generate, load_with_lora
-from components.trainer.loop import train
 from components.trainer.run_output import RUN_RECORD_FILE, read_finished_run
+from components.training_run import train
 from pipeline.services.mlflow_server import running_mlflow
 from pipeline.services.process import free_ports
 from pipeline.services.seaweed import SeaweedS3
@@ -139,8 +140,9 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
     output = read_finished_run(f"s3://{s3.bucket}/{prefix}")
     assert run.data.tags["flowgrpo.run_output"] == output.uri
     with pytest.raises(TrackingError, match=f"already in MLflow experiment '{experiment}' as run {run.info.run_id}"):
-        replay_run(output, run_name="again", log=log)
-    replayed = replay_run(output, run_name="replayed", experiment=experiment + "-replay", log=log)
+        replay_run(output, run_name="again", register=register_lora_version, log=log)
+    replayed = replay_run(output, run_name="replayed", experiment=experiment + "-replay",
+                          register=register_lora_version, log=log)
     copy = client.get_run(replayed.run_id)
     assert copy.info.status == replayed.status == "FINISHED" and copy.info.run_name == "replayed"
     assert copy.data.params == run.data.params

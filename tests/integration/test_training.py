@@ -10,8 +10,9 @@ from safetensors.torch import load_file
 
 from components.errors import CheckpointError
 from components.trainer import checkpoint as ckpt
-from components.trainer.loop import Trainer, _fingerprint, train
+from components.trainer.loop import Trainer, _fingerprint
 from components.trainer.models.tiny_sd3 import build_tiny_sd3
+from components.training_run import train
 
 
 def _quiet(_msg: str) -> None:

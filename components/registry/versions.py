@@ -1,12 +1,27 @@
-"""The Model Registry side of promotion: record the gate's verdict on a model version, alias it if promoted."""
+"""Model versions: a trained LoRA registered as a new version of a registered model, and the promotion gate's
+verdict recorded on it (tags, and the alias when promoted)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
+from pathlib import Path
 
 from components.tracking.params import redact, short_error
-from components.tracking.tracker import TRACKING_URI_ENV
+from components.tracking.server import TRACKING_URI_ENV, mlflow_client, tracking_uri
+
+
+def register_lora_version(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int,
+                          tags: dict[str, str], log: Callable[[str], None] = print) -> str:
+    """Log the LoRA as a pyfunc model into run ``run_id``, register it as a new version of ``name``, tag
+    the version; returns the version."""
+    from components.registry.pyfunc_model import log_lora_model  # mlflow.pyfunc loads slowly: only when used
+
+    version = log_lora_model(run_id, name, lora_dir, model_config, seed)
+    client = mlflow_client()
+    for key, value in {**tags, "flowgrpo.run_id": run_id}.items():
+        client.set_model_version_tag(name, version, key, value)
+    log(f"registered {name} version {version} in the MLflow Model Registry")
+    return version
 
 
 def apply_gate(name: str, version: str, promoted: bool, reason: str, alias: str,
@@ -14,15 +29,14 @@ def apply_gate(name: str, version: str, promoted: bool, reason: str, alias: str,
     """Tag version ``version`` of ``name`` with the verdict and reason; set ``alias`` on it when promoted.
     Returns whether the registry was updated (tracking off or MLflow failing is reported, not raised: the
     verdict stays in eval.json and the report)."""
-    uri = os.environ.get(TRACKING_URI_ENV)
+    uri = tracking_uri()
     if not uri:
         log(f"promotion gate: {'promote' if promoted else 'refuse'} ({reason}); no registry ({TRACKING_URI_ENV} "
             "is not set)")
         return False
-    from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(uri)
+    client = mlflow_client(uri)
     try:
         client.set_model_version_tag(name, version, "flowgrpo.gate", "promoted" if promoted else "refused")
         client.set_model_version_tag(name, version, "flowgrpo.gate_reason", reason)

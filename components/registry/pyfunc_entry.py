@@ -2,6 +2,6 @@
 
 from mlflow.models import set_model
 
-from components.tracking.pyfunc_model import LoRAImageModel
+from components.registry.pyfunc_model import LoRAImageModel
 
 set_model(LoRAImageModel())

@@ -1,0 +1,110 @@
+"""A training run end to end: its output (config.yaml, run.json, resume or refuse), its MLflow run, the trainer in
+this process or on Ray Train workers, and the registration of the final LoRA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from components import storage
+from components.console import status_line
+from components.dataset.prompts import dataset_hash, load_prompt_rows
+from components.errors import CheckpointError
+from components.registry.versions import register_lora_version
+from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_tags, redact
+from components.tracking.tracker import NullTracker, open_tracker
+from components.trainer import checkpoint as ckpt
+from components.trainer.config import TrainingJobConfig
+from components.trainer.loop import TrainResult, check_world_size, run_worker
+from components.trainer.metrics import MetricsFile
+from components.trainer.ray_train import run_on_ray
+from components.trainer.run_output import (
+    CONFIG_FILE,
+    FINAL_LORA_DIR,
+    METRICS_FILE,
+    RunOutput,
+    run_name,
+    write_run_record,
+)
+
+
+def _open_output(config: TrainingJobConfig, output: str | Path,
+                 resume: bool | str) -> tuple[RunOutput, tuple[str, ckpt.TrainerState] | None]:
+    """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output
+    and, when this continues a run, the (URI, state) of the checkpoint it continues from."""
+    out = RunOutput(output)
+    latest = ckpt.latest_checkpoint(out.uri)
+    if resume == "auto":
+        resume = latest is not None
+    if resume and latest is None:
+        raise CheckpointError(f"--resume: no complete checkpoint under {ckpt.checkpoint_root(out.uri)}")
+    if not resume and latest is not None:
+        raise CheckpointError(
+            f"{out.uri} already holds checkpoints; pass --resume to continue that run or choose another --output"
+        )
+    start = (latest, ckpt.read_checkpoint(latest)) if resume else None
+    out.prepare(fresh=not resume)
+    (out.local / CONFIG_FILE).write_text(_dump_yaml(config))
+    out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
+    return out, start
+
+
+def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, lineage: dict[str, str],
+              log: Callable[[str], None]) -> None:
+    """Register the final LoRA in the Model Registry (queued on the tracker; no-op without tracking)."""
+    name = config.tracking.registered_model
+    if name:
+        tags = {**lineage, "flowgrpo.lora_uri": out.uri_of(FINAL_LORA_DIR)}
+        model = config.model.model_dump(mode="json")
+        tracker.call(f"register model {name}", lambda run_id: register_lora_version(
+            run_id, name, out.local / FINAL_LORA_DIR, model, config.seed, tags, log=log))
+
+
+def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str = False,
+          log: Callable[[str], None] = status_line, parent_run_id: str | None = None, workers: int = 0) -> TrainResult:
+    """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix). With ``resume``
+    continue from the newest complete checkpoint there; ``"auto"`` continues if there is one (a retried job).
+    ``workers`` > 0 trains on that many Ray Train workers instead of in this process. Tracks to MLflow when
+    MLFLOW_TRACKING_URI is set."""
+    if workers:
+        check_world_size(config, workers)
+    out, start = _open_output(config, output, resume)
+    t = config.tracking
+    tracker = open_tracker(t.experiment, run_name(out.uri),
+                           run_id=start[1].mlflow_run_id if start else None,
+                           parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
+    status = "FAILED"
+    try:
+        dumped = config.model_dump(mode="json")
+        lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
+        tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
+        if start is None:
+            write_run_record(out, lineage)
+            tracker.log_params(flatten_params(dumped))
+        if workers:
+            run_on_ray(config, out, workers, tracker, log)
+            result = _collect(out, tracker)
+        else:
+            result = run_worker(config, out, log=log, tracker=tracker, start=start)
+        _register(tracker, config, out, lineage, log)
+        status = "FINISHED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.close(status)
+
+
+def _collect(out: RunOutput, tracker: NullTracker) -> TrainResult:
+    """The result of a run the workers wrote: its metrics and final LoRA, copied here from ``out``."""
+    out.fetch(METRICS_FILE)
+    if out.remote:
+        storage.download_dir(out.uri_of(FINAL_LORA_DIR), out.local / FINAL_LORA_DIR)
+    return TrainResult(out, MetricsFile(out.local / METRICS_FILE).read(), out.local / FINAL_LORA_DIR, tracker.url)
+
+
+def _dump_yaml(config: TrainingJobConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
