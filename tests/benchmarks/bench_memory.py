@@ -208,7 +208,8 @@ def _epoch_overrides(config: ExperimentConfig, *, cpu: bool, ckpt: bool, offload
     ]
     if cpu:  # eager on CPU: compiling real-width blocks would take minutes here, and the estimate is of eager
         overrides += [f"model.resolution={CPU_SIZES['resolution']}", "sampling.num_steps=2", "sampling.sde_window=null",
-                      "train.compile=false"]
+                      "train.compile=false",
+                      "model.max_sequence_length=null"]  # the family's, cut to the CPU T5's CPU_T5_LENGTH tokens
     return overrides
 
 
