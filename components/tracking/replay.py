@@ -70,6 +70,7 @@ class _Replay:
         self.run = run
         self.log = log
         self.run_id: str | None = None
+        self.timestamps = metric_timestamps(run.metrics, run.started_at_ms)  # one per epoch row
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -111,7 +112,7 @@ class _Replay:
 
     def metrics(self) -> int:
         rows = self.run.metrics
-        metrics = [m for row, ts in zip(rows, metric_timestamps(rows, self.run.started_at_ms), strict=True)
+        metrics = [m for row, ts in zip(rows, self.timestamps, strict=True)
                    for m in metric_batch(row, int(row["epoch"]), ts)]
         for i in range(0, len(metrics), _METRICS_PER_BATCH):
             batch = metrics[i:i + _METRICS_PER_BATCH]
@@ -147,7 +148,7 @@ class _Replay:
             log=self.log))
 
     def finish(self, status: str) -> None:
-        end = metric_timestamps(self.run.metrics, self.run.started_at_ms)[-1:] or [None]
+        end = self.timestamps[-1:] or [None]
         self._call("finishing the run", lambda: self.client.set_terminated(self.run_id, status, end_time=end[0]))
 
     def discard(self) -> str:

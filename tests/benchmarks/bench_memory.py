@@ -54,7 +54,6 @@ FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
 H100_SD35_PEAK_GIB = 49.9
 QWEN_PROMPT_TOKENS = 100  # a typical OCR prompt after the template; SD3 and FLUX pad to a fixed length
-T5_DEFAULT_LENGTH = 128  # model.max_sequence_length null: the SD3 and FLUX adapters' default (upstream's)
 GIB = 2**30
 MIB = 2**20
 # the CPU measurement: real width, few blocks, small images, so an epoch takes seconds
@@ -75,7 +74,11 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
     """Text tokens per prompt row: Qwen-Image's own prompt length; SD3's 77 CLIP + the T5 length; FLUX's T5."""
     if family == "qwen-image":
         return QWEN_PROMPT_TOKENS
-    t5 = config.model.max_sequence_length or T5_DEFAULT_LENGTH
+    from components.trainer.models.flux import FluxModel
+    from components.trainer.models.sd3 import SD3Model
+
+    adapter = SD3Model if family == "sd35-medium" else FluxModel
+    t5 = config.model.max_sequence_length or adapter.default_max_sequence_length
     return 77 + t5 if family == "sd35-medium" else t5
 
 
