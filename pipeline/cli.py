@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from components.console import status_line
 from components.errors import ConfigError, FlowGRPOError
-from components.podspec import PIPELINE_SERVICE_ACCOUNT
+from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
 from pipeline.config import DEFAULT_CONFIG, load_config
 
 EXIT_USER_ERROR = 2
@@ -42,7 +42,7 @@ def _default_output(config_path: Path) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     _quiet_libraries()
-    from components.training_run import train
+    from components.trainer.training_run import train
 
     output = args.output or _default_output(args.config)
     status_line(f"training {args.config} -> {output}")
@@ -50,7 +50,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
     result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
                    workers=args.ray_workers)
-    from components.trainer.metrics import describe_learning
+    from components.flowgrpo.metrics import describe_learning
 
     print(describe_learning(result.learning_summary()))
     print(f"LoRA: {result.lora_uri}  metrics: {result.metrics_uri}")
@@ -90,7 +90,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_rayjob(args: argparse.Namespace) -> int:
-    from components.trainer.rayjob import build_rayjob, default_run_id, to_yaml
+    from components.launch.kubernetes.rayjob import build_rayjob, default_run_id, to_yaml
 
     config = load_config(args.config, args.overrides)
     run_id = args.run_id or default_run_id(config, args.config.stem)

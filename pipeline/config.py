@@ -16,10 +16,10 @@ from components.config_base import format_validation_error, read_yaml_mapping
 from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
+from components.launch.kubernetes.cluster_config import RayJobConfig
 from components.reward_server.deploy_config import RewardDeployConfig
 from components.rewards.config import RewardSpec, check_names, check_unique_keys
 from components.trainer.config import TrainingJobConfig
-from components.trainer.rayjob_config import RayJobConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"

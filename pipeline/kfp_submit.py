@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from components.errors import LaunchError
-from components.podspec import PIPELINE_SERVICE_ACCOUNT
+from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
 from pipeline.kfp_pipeline import PIPELINE_NAME, compile_pipeline
 
 TOKEN_ENV = "KFP_TOKEN"

@@ -160,17 +160,17 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     """Train into ``output``; a retried step continues from the newest checkpoint there. Locally on
     ``ray_workers`` local Ray Train workers (0: in this process); in a cluster as a RayJob, followed to its
     end."""
+    from components.flowgrpo.metrics import describe_learning, learning_summary
     from components.tracking.pipeline_runs import child_run
-    from components.trainer.metrics import describe_learning, learning_summary
     from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, run_name
 
     if local_state_dir() is not None:
-        from components.training_run import train as run_training
+        from components.trainer.training_run import train as run_training
 
         run_training(config, output, resume="auto", parent_run_id=parent_run_id, workers=ray_workers, log=log)
     else:
-        from components.kube import submit_rayjob
-        from components.trainer.rayjob import build_rayjob
+        from components.launch.kubernetes.api import submit_rayjob
+        from components.launch.kubernetes.rayjob import build_rayjob
 
         manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=parent_run_id)
         submit_rayjob(manifest, timeout_s=config.cluster.active_deadline_seconds, log=log)

@@ -27,8 +27,8 @@ DEFAULT_PARAMS = {"seed": 0, "num_inference_steps": 28, "guidance_scale": 4.5}
 
 class LoRAImageModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
-        from components.trainer.config import ModelConfig
-        from components.trainer.generate import load_with_lora
+        from components.models.config import ModelConfig
+        from components.models.generate import load_with_lora
 
         spec = json.loads(Path(context.artifacts["model"]).read_text())
         self.config = ModelConfig.model_validate(spec["model"])
@@ -38,8 +38,8 @@ class LoRAImageModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
+        from components.models.generate import generate
         from components.rewards.codec import encode_png_b64
-        from components.trainer.generate import generate
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         prompts = [str(x) for x in model_input["prompt"]]

@@ -1,4 +1,4 @@
-"""A run's reward server on Kubernetes, as plain data, and its deploy / teardown (through components.kube).
+"""A run's reward server on Kubernetes, as plain data, and its deploy / teardown (through components.launch.kubernetes.api).
 
 The server serves the experiment's training rewards (``rewards:``): the trainer is its only client, and the
 evaluation step scores in its own process with ``eval_rewards``. Every name derives from the run id alone, so the
@@ -20,8 +20,7 @@ import yaml
 
 from components.console import status_line
 from components.errors import LaunchError
-from components.kube_types import Toleration
-from components.podspec import (
+from components.launch.kubernetes.podspec import (
     S3_SECRET_KEYS,
     container_security,
     label_value,
@@ -32,6 +31,7 @@ from components.podspec import (
     secret_env,
     trainer_selector,
 )
+from components.launch.kubernetes.types import Toleration
 from components.reward_server.deploy_config import RewardDeployConfig
 from components.reward_server.settings import ServerSettings
 from components.rewards.config import RewardSpec
@@ -290,9 +290,9 @@ def deploy_to_kubernetes(config: DeployableConfig, *, name: str, namespace: str,
     they are ready, and return the server's in-cluster URL. ``host``: an API server URL without credentials
     (``kubectl proxy``, tests); default the in-cluster service account or the kubeconfig.
 
-    Raises ``components.kube.DeploymentFailed`` naming the pod and reason, ``LaunchError`` on a timeout; the
+    Raises ``components.launch.kubernetes.api.DeploymentFailed`` naming the pod and reason, ``LaunchError`` on a timeout; the
     objects stay for inspection until ``teardown_kubernetes``."""
-    from components import kube  # imports the Kubernetes client: only where a cluster is used
+    from components.launch.kubernetes import api as kube  # imports the Kubernetes client: only where a cluster is used
 
     objects = build_reward_server_objects(config, name=name, namespace=namespace, run_id=run_id)
     api = kube.api_client_for(host)
@@ -312,7 +312,7 @@ def deploy_to_kubernetes(config: DeployableConfig, *, name: str, namespace: str,
 def teardown_kubernetes(name: str, namespace: str, log: Callable[[str], None] = status_line,
                         host: str | None = None) -> None:
     """Delete the reward server ``name`` and its judge; what is already gone (or never was) is fine."""
-    from components import kube
+    from components.launch.kubernetes import api as kube
 
     objects = [("Deployment", name), ("Service", name), ("ConfigMap", name), ("NetworkPolicy", name),
                ("Deployment", judge_name(name)), ("Service", judge_name(name)), ("NetworkPolicy", judge_name(name))]

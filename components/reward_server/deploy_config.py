@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, model_validator
 
 from components.config_base import Section
-from components.kube_types import ObjectName, Quantity, Toleration, check_gpu_pool, check_image
+from components.launch.kubernetes.types import ObjectName, Quantity, Toleration, check_gpu_pool, check_image
 from components.reward_server.settings import Batching, Limits
 
 Image = Annotated[str, AfterValidator(check_image)]

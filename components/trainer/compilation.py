@@ -9,7 +9,7 @@ the first epoch; later epochs reuse them (tests count the graphs).
 from __future__ import annotations
 
 from components.errors import ConfigError
-from components.trainer.models.base import FlowMatchingModel
+from components.models.base import FlowMatchingModel
 
 # dynamo's default of 8 compiled variants per code object is below (block kinds x forward kinds x shapes) for
 # the families with two block kinds (SD3.5's dual-attention blocks, FLUX's single and double blocks); past the

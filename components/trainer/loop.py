@@ -16,6 +16,13 @@ from PIL import Image
 from components.console import status_line
 from components.dataset.prompts import PromptRow, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
+from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
+from components.flowgrpo.ema import LoRAEMA
+from components.flowgrpo.metrics import MetricsFile, learning_summary, progress_line
+from components.flowgrpo.prompt_cache import PromptEncoder
+from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.flowgrpo.update import UpdateSettings, policy_update
+from components.models import FlowMatchingModel, load_model
 from components.rewards.base import RewardOutput
 from components.rewards.client import RemoteRewardSet
 from components.rewards.scoring import (
@@ -28,15 +35,9 @@ from components.rewards.scoring import (
 )
 from components.tracking.tracker import NullTracker
 from components.trainer import checkpoint as ckpt
-from components.trainer.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.trainer.collective import Collective
 from components.trainer.compilation import compile_transformer
 from components.trainer.config import TrainingJobConfig, check_guidance, describe_batches, epoch_split_problems
-from components.trainer.ema import LoRAEMA
-from components.trainer.metrics import MetricsFile, learning_summary, progress_line
-from components.trainer.models import FlowMatchingModel, load_model
-from components.trainer.prompt_cache import PromptEncoder
-from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
 from components.trainer.run_output import (
     FINAL_LORA_DIR,
     METRICS_FILE,
@@ -45,7 +46,6 @@ from components.trainer.run_output import (
 )
 from components.trainer.samples import pick_samples, sample_grid
 from components.trainer.sharding import shard_transformer
-from components.trainer.update import UpdateSettings, policy_update
 
 
 @dataclass

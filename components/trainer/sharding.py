@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from components.errors import ConfigError
-from components.trainer.models.base import FlowMatchingModel
+from components.models.base import FlowMatchingModel
 
 
 def shard_transformer(model: FlowMatchingModel, lora: list[torch.nn.Parameter], world_size: int) -> int:

@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_memory, real_s
 import torch
 from bench_memory import _pipeline_builder  # its import sets the offline, no-MLflow environment
 
-from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
-from components.trainer.rollout import plan_steps
+from components.flowgrpo.rollout import plan_steps
+from components.models.base import FlowMatchingModel, PromptEmbeddings
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 RECIPE = CONFIG_DIR / "sd35-medium-ocr.yaml"
@@ -179,8 +179,8 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) ->
     comparisons."""
     from torch._dynamo.utils import counters
 
+    from components import models as model_loading
     from components.trainer import loop
-    from components.trainer import models as model_loading
 
     config = workload(cpu, compile_, uncond_grad)
     if cpu:

@@ -74,8 +74,8 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
     """Text tokens per prompt row: Qwen-Image's own prompt length; SD3's 77 CLIP + the T5 length; FLUX's T5."""
     if family == "qwen-image":
         return QWEN_PROMPT_TOKENS
-    from components.trainer.models.flux import FluxModel
-    from components.trainer.models.sd3 import SD3Model
+    from components.models.flux import FluxModel
+    from components.models.sd3 import SD3Model
 
     adapter = SD3Model if family == "sd35-medium" else FluxModel
     t5 = config.model.max_sequence_length or adapter.default_max_sequence_length
@@ -237,8 +237,8 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     """One worker's epoch of the family's recipe through the trainer; peak memory of each phase."""
     import tempfile
 
+    from components import models as model_loading
     from components.trainer import loop
-    from components.trainer import models as model_loading
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
     config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))

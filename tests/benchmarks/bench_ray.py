@@ -25,7 +25,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 os.environ["MLFLOW_TRACKING_URI"] = ""  # tracking is measured by bench_tracking.py
 
-from components.training_run import train
+from components.trainer.training_run import train
 from pipeline.config import load_config
 
 TARGET = 1.1

@@ -23,9 +23,9 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 import torch
 
-from components.trainer.models import load_model
-from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout
-from components.training_run import train
+from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
+from components.models import load_model
+from components.trainer.training_run import train
 from pipeline.config import CONFIG_DIR, load_config
 
 FAMILIES = {"tiny-sd3": "tiny-cpu.yaml", "tiny-flux": "tiny-flux-cpu.yaml", "tiny-qwenimage": "tiny-qwenimage-cpu.yaml"}

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
-from components.training_run import train
+from components.trainer.training_run import train
 from pipeline.config import load_config
 from pipeline.local_run import patched_environ
 from pipeline.services.mlflow_server import running_mlflow

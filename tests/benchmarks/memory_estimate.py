@@ -1,7 +1,7 @@
 """Peak accelerator memory of one FlowGRPO worker at real shape, estimated on CPU without memory or compute.
 
 The family's pipeline is built on the meta device (``real_shapes``) and wrapped in the trainer's own adapter
-(``components.trainer.models``), the LoRA attached by ``add_lora``; then every parameter and buffer of the
+(``components.models``), the LoRA attached by ``add_lora``; then every parameter and buffer of the
 transformer and the VAE is replaced by a fake tensor (``FakeTensorMode``: shapes and dtypes, no storage, no
 arithmetic). The text encoders stay on the meta device and never run: the prompt and negative-prompt embeddings
 are fakes of the shapes ``encode_prompts`` returns. The trainer's own code then runs: a sampler step as
@@ -42,13 +42,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from components.trainer.config import LoRAConfig
-from components.trainer.loss import flow_grpo_loss
-from components.trainer.models import PIPELINES, FlowMatchingModel, PromptEmbeddings
-from components.trainer.models.base import JOINT_ATTENTION_TARGETS
-from components.trainer.models.qwenimage import QwenImageModel
-from components.trainer.rollout import Rollout, SamplerSettings, step_log_prob
-from components.trainer.sde import sde_step_with_logprob
+from components.flowgrpo.loss import flow_grpo_loss
+from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
+from components.flowgrpo.sde import sde_step_with_logprob
+from components.models import PIPELINES, FlowMatchingModel, PromptEmbeddings
+from components.models.base import JOINT_ATTENTION_TARGETS
+from components.models.config import LoRAConfig
+from components.models.qwenimage import QwenImageModel
 
 GIB = 2**30
 SIGMA, SIGMA_NEXT = 0.7, 0.6  # any step: activation memory does not depend on the noise level

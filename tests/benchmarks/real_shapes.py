@@ -1,6 +1,6 @@
 """Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev and Qwen-Image, random weights.
 
-Built from config only (no files, no hub), after the tiny pipelines of ``components/trainer/models/tiny_*.py``:
+Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
 
 Real (the published ``config.json`` values): the transformer (every width, head and block count unless
@@ -39,8 +39,8 @@ from transformers import (
     T5EncoderModel,
 )
 
-from components.trainer.models import tiny_tokenizers as tok
-from components.trainer.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
+from components.models import tiny_tokenizers as tok
+from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 
 FAMILIES = ("sd35-medium", "flux1-dev", "qwen-image")
 

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.evaluate import evaluate
 from components.registry.versions import apply_gate
-from components.training_run import train
+from components.trainer.training_run import train
 from pipeline.config import load_config
 
 EVAL = EvalConfig(images_per_prompt=2, max_prompts=6, bootstrap_samples=500)

@@ -11,9 +11,9 @@ import threading
 import pytest
 from kmock import KubernetesError, ResourceInfo, action, resource
 
-from components import kube
 from components.errors import LaunchError
-from components.trainer.rayjob import build_rayjob
+from components.launch.kubernetes import api as kube
+from components.launch.kubernetes.rayjob import build_rayjob
 from pipeline.config import load_config
 
 pytestmark = pytest.mark.asyncio

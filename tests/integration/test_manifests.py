@@ -45,8 +45,8 @@ from k8s_manifests import (
     tool,
 )
 
-from components.kube_types import check_image
-from components.trainer.rayjob import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
+from components.launch.kubernetes.rayjob import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
+from components.launch.kubernetes.types import check_image
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VERSION = PYPROJECT["project"]["version"]
@@ -746,7 +746,7 @@ def test_components_image_runs_the_light_steps_with_only_its_requirements(tmp_pa
     assert "kind: RayJob" in step("rayjob", "--config", "pipeline/configs/sd35-medium-ocr.yaml").stdout
     step("prepare-dataset", "--builtin", "ocr", "--output", str(tmp_path / "ds"))
     assert (tmp_path / "ds" / "manifest.json").exists()
-    step("-c", "import components.kube, components.registry.versions, kfp, kfp.kubernetes\n"
+    step("-c", "import components.launch.kubernetes.api, components.registry.versions, kfp, kfp.kubernetes\n"
                "from mlflow import MlflowClient\nfrom components.storage import download_dir\n"
                "from mlflow.version import IS_MLFLOW_SKINNY\nassert IS_MLFLOW_SKINNY")
     # The pipeline's light steps (prepare, deploy / teardown, the RayJob launch, register) and the pipeline itself.

@@ -9,12 +9,12 @@ from metric_rows import without_timing
 from safetensors.torch import load_file
 
 from components.errors import ConfigError
+from components.flowgrpo.prompt_cache import PromptEncoder
+from components.flowgrpo.rollout import sample_rollout, step_log_prob
+from components.models import load_model
+from components.models.base import TEXT_ENCODERS
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer, _sampler_settings, _update_settings
-from components.trainer.models import load_model
-from components.trainer.models.base import TEXT_ENCODERS
-from components.trainer.prompt_cache import PromptEncoder
-from components.trainer.rollout import sample_rollout, step_log_prob
 from pipeline.config import CONFIG_DIR, load_config
 
 FAMILIES = {"tiny-sd3": CONFIG_DIR / "tiny-cpu.yaml", "tiny-flux": CONFIG_DIR / "tiny-flux-cpu.yaml",

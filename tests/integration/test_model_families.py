@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from components.errors import ConfigError
-from components.trainer.config import LoRAConfig, ModelConfig
-from components.trainer.generate import generate
+from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flowgrpo.sde import euler_step
+from components.models import load_model
+from components.models.config import LoRAConfig, ModelConfig
+from components.models.generate import generate
+from components.models.tiny_flux import build_tiny_flux
+from components.models.tiny_qwenimage import build_tiny_qwenimage
 from components.trainer.loop import Trainer
-from components.trainer.models import load_model
-from components.trainer.models.tiny_flux import build_tiny_flux
-from components.trainer.models.tiny_qwenimage import build_tiny_qwenimage
-from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.trainer.sde import euler_step
 from pipeline.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,8 +246,8 @@ def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
     sys.path.insert(0, str(REPO / "tests"))
     import rayjob_schema
 
+    from components.launch.kubernetes.rayjob import build_rayjob
     from components.trainer.loop import check_world_size
-    from components.trainer.rayjob import build_rayjob
 
     config = load_config(CONFIG_DIR / path)
     manifest = build_rayjob(config, run_id="run-1", output="s3://flowgrpo/runs/t", parent_run_id=None)

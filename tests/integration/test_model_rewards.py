@@ -12,10 +12,10 @@ from safetensors.torch import save_file
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
 from components.errors import RewardError
+from components.models.tiny_tokenizers import clip_tokenizer, clip_vocab_size
 from components.rewards.clip_models import AestheticScore, ClipScore, PickScore
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward
-from components.trainer.models.tiny_tokenizers import clip_tokenizer, clip_vocab_size
 
 PROJECTION_DIM = 16
 PROMPTS = ["a red cube", "a cat wearing a very small hat", "a red cube"]  # a repeated prompt, as in a group

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from components.errors import ConfigError
 from components.trainer import checkpoint as ckpt
-from components.training_run import train
+from components.trainer.training_run import train
 from pipeline.config import load_config
 
 SMALL = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kmock import KubernetesError, ResourceInfo, action, resource
 
-from components import kube
 from components.errors import LaunchError
+from components.launch.kubernetes import api as kube
 from components.reward_server.deploy import (
     deploy_to_kubernetes,
     judge_name,

@@ -18,7 +18,7 @@ from metric_rows import without_timing
 from servers import free_port, wait_until_ok
 
 from components.trainer import checkpoint as ckpt
-from components.training_run import train
+from components.trainer.training_run import train
 
 REPO = Path(__file__).resolve().parents[2]
 SLACK_S = 15  # the epoch in progress, and the process's own exit

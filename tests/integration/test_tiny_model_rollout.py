@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from components.trainer.config import LoRAConfig, ModelConfig
-from components.trainer.models import load_model
-from components.trainer.models.tiny_sd3 import build_tiny_sd3
-from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.models import load_model
+from components.models.config import LoRAConfig, ModelConfig
+from components.models.tiny_sd3 import build_tiny_sd3
 
 MODULES = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 

@@ -26,13 +26,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from components.errors import TrackingError
+from components.models.generate import generate, load_with_lora
 from components.registry.versions import register_lora_version
 from components.tracking.replay import replay_run
 from components.tracking.tracker import MlflowTracker
 from components.trainer import checkpoint as ckpt
-from components.trainer.generate import generate, load_with_lora
 from components.trainer.run_output import RUN_RECORD_FILE, read_finished_run
-from components.training_run import train
+from components.trainer.training_run import train
 from pipeline.services.mlflow_server import running_mlflow
 from pipeline.services.process import free_ports
 from pipeline.services.seaweed import SeaweedS3

@@ -9,10 +9,10 @@ from metric_rows import TIMING_KEYS, without_timing
 from safetensors.torch import load_file
 
 from components.errors import CheckpointError
+from components.models.tiny_sd3 import build_tiny_sd3
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer, _fingerprint
-from components.trainer.models.tiny_sd3 import build_tiny_sd3
-from components.training_run import train
+from components.trainer.training_run import train
 
 
 def _quiet(_msg: str) -> None:

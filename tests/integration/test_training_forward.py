@@ -9,10 +9,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from components.errors import ConfigError
-from components.trainer.config import LoRAConfig, ModelConfig
-from components.trainer.models import load_model
-from components.trainer.rollout import SamplerSettings, plan_steps, sample_rollout
-from components.trainer.update import UpdateSettings, policy_update
+from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
+from components.flowgrpo.update import UpdateSettings, policy_update
+from components.models import load_model
+from components.models.config import LoRAConfig, ModelConfig
 from pipeline.config import CONFIG_DIR, load_config
 
 SCALE = 4.5

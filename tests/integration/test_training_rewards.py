@@ -11,7 +11,7 @@ from servers import free_port, running_server
 from components.errors import RewardError
 from components.reward_server.settings import ServerSettings
 from components.rewards.config import RewardSpec
-from components.training_run import train
+from components.trainer.training_run import train
 
 
 def _quiet(_m):

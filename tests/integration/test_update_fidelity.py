@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from components.trainer.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
-from components.trainer.update import UpdateSettings, micro_batches, policy_update
+from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.flowgrpo.update import UpdateSettings, micro_batches, policy_update
 from pipeline.config import load_config
 
 ADVANTAGES = torch.tensor([0.5, 0.0, -1.2, 0.0, 0.8, 0.0, 0.0, 1.1])
@@ -34,7 +34,7 @@ def test_micro_batches_keep_every_nonzero_sample_in_the_same_number_of_equal_bat
 
 def _rollout():
     config = load_config(None, [])
-    from components.trainer.models import load_model
+    from components.models import load_model
 
     model = load_model(config.model, 0)
     torch.manual_seed(0)
@@ -102,7 +102,7 @@ def test_ema_follows_upstreams_warmup_and_schedule_in_closed_form():
     """Upstream: at optimizer step s, update when (s + 1) % k == 0 with decay min(d, (1 + s) / (10 + s))."""
     from fractions import Fraction
 
-    from components.trainer.ema import LoRAEMA
+    from components.flowgrpo.ema import LoRAEMA
 
     initial = Fraction(100)
     weight = torch.nn.Parameter(torch.full((1,), float(initial), dtype=torch.float64))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from components.trainer.loss import flow_grpo_loss
+from components.flowgrpo.loss import flow_grpo_loss
 
 
 def test_clipping_and_clipfrac_by_hand():

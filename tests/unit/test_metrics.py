@@ -2,7 +2,7 @@
 
 import json
 
-from components.trainer.metrics import MetricsFile, progress_line
+from components.flowgrpo.metrics import MetricsFile, progress_line
 
 
 def test_progress_line_shows_failures_and_missing_values():

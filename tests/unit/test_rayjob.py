@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from components.errors import ConfigError, LaunchError
-from components.trainer.rayjob import MAX_NAME, build_rayjob, default_run_id, rayjob_name, to_yaml
+from components.launch.kubernetes.rayjob import MAX_NAME, build_rayjob, default_run_id, rayjob_name, to_yaml
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: rayjob_schema

@@ -12,7 +12,7 @@ import yaml
 from k8s_manifests import IMAGES, MANIFESTS, containers, image_user, pod_specs, quantity, selector_matches
 
 from components.errors import ConfigError, LaunchError
-from components.podspec import S3_SECRET_KEYS
+from components.launch.kubernetes.podspec import S3_SECRET_KEYS
 from components.reward_server.deploy import (
     CONFIG_HASH,
     MAX_NAME,
@@ -261,7 +261,7 @@ def _admits(policy: dict, port: int, labels: dict[str, str]) -> bool:
 
 
 def test_only_the_runs_trainer_pods_reach_its_reward_server_and_only_that_server_its_judge():
-    from components.trainer.rayjob import build_rayjob
+    from components.launch.kubernetes.rayjob import build_rayjob
 
     objects = _objects(JUDGE_REWARDS, "reward_deploy.port=8600")
     name = reward_server_name("run-1")

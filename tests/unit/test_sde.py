@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from components.trainer.sde import sde_step_with_logprob
+from components.flowgrpo.sde import sde_step_with_logprob
 
 
 def _inputs(seed: int, shape=(3, 4, 5, 5)):

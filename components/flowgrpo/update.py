@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from components.trainer.ema import LoRAEMA
-from components.trainer.loss import flow_grpo_loss
-from components.trainer.models.base import FlowMatchingModel
-from components.trainer.rollout import Rollout, SamplerSettings, step_log_prob
+from components.flowgrpo.ema import LoRAEMA
+from components.flowgrpo.loss import flow_grpo_loss
+from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
+from components.models.base import FlowMatchingModel
 
 PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")  # also logged per sampler step, e.g. clipfrac/step3
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from components.errors import ModelLoadError
-from components.trainer.config import ModelConfig
-from components.trainer.models.base import TEXT_ENCODERS, FlowMatchingModel, PromptEmbeddings
+from components.models.base import TEXT_ENCODERS, FlowMatchingModel, PromptEmbeddings
+from components.models.config import ModelConfig
 
 __all__ = ["FlowMatchingModel", "PromptEmbeddings", "load_model", "resolve_device"]
 
@@ -28,14 +28,14 @@ def resolve_device(name: str) -> torch.device:
 
 # model_index.json class -> the adapter's module and class
 PIPELINES = {
-    "StableDiffusion3Pipeline": ("components.trainer.models.sd3", "SD3Model"),
-    "FluxPipeline": ("components.trainer.models.flux", "FluxModel"),
-    "QwenImagePipeline": ("components.trainer.models.qwenimage", "QwenImageModel"),
+    "StableDiffusion3Pipeline": ("components.models.sd3", "SD3Model"),
+    "FluxPipeline": ("components.models.flux", "FluxModel"),
+    "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
 }
 TINY = {
-    "tiny-sd3": ("components.trainer.models.tiny_sd3", "build_tiny_sd3"),
-    "tiny-flux": ("components.trainer.models.tiny_flux", "build_tiny_flux"),
-    "tiny-qwenimage": ("components.trainer.models.tiny_qwenimage", "build_tiny_qwenimage"),
+    "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
+    "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
+    "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
 }
 
 

@@ -18,7 +18,7 @@ from diffusers import (
 )
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from components.trainer.models import tiny_tokenizers as tok
+from components.models import tiny_tokenizers as tok
 
 LATENT_CHANNELS = 16
 TEXT_HIDDEN = 32

@@ -21,7 +21,7 @@ from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict
 
 from components.errors import ModelLoadError
-from components.trainer.config import GuidanceMode, LoRAConfig
+from components.models.config import GuidanceMode, LoRAConfig
 
 T = TypeVar("T")
 ADAPTER_NAME = "default"

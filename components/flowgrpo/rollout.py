@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
-from components.trainer.sde import euler_step, sde_step_with_logprob
+from components.flowgrpo.sde import euler_step, sde_step_with_logprob
+from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 
 @dataclass(frozen=True)

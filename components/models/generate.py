@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from components.trainer.config import ModelConfig
-from components.trainer.models import FlowMatchingModel, load_model
+from components.models import FlowMatchingModel, load_model
+from components.models.config import ModelConfig
 
 
 def load_with_lora(model_config: ModelConfig, seed: int, lora_dir: Path | None) -> FlowMatchingModel:

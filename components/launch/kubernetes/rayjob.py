@@ -15,7 +15,8 @@ import yaml
 
 from components.config_base import URL_USERINFO, url_credentials_at
 from components.errors import LaunchError
-from components.podspec import (
+from components.launch.kubernetes.cluster_config import RayJobConfig
+from components.launch.kubernetes.podspec import (
     MLFLOW_SECRET_KEYS,
     S3_SECRET_KEYS,
     container_security,
@@ -26,7 +27,6 @@ from components.podspec import (
     secret_env,
     trainer_selector,
 )
-from components.trainer.rayjob_config import RayJobConfig
 
 API_VERSION = "ray.io/v1"
 CONFIG_ENV = "FLOWGRPO_EXPERIMENT_CONFIG"

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from components.errors import LaunchError
-from components.kube_types import Toleration
+from components.launch.kubernetes.types import Toleration
 
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
 MLFLOW_SECRET_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
+from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 ENCODE_BATCH = 64  # prompts per encoder forward while filling the cache
 PROGRESS_EVERY_S = 10.0

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from components.config_base import Section
-from components.kube_types import (
+from components.launch.kubernetes.types import (
     INT32_MAX,
     ObjectName,
     Quantity,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
+from components.models.base import PackedLatentModel, PromptEmbeddings
 
 
 class QwenImageModel(PackedLatentModel):

@@ -12,13 +12,13 @@ from components import storage
 from components.console import status_line
 from components.dataset.prompts import dataset_hash, load_prompt_rows
 from components.errors import CheckpointError
+from components.flowgrpo.metrics import MetricsFile
 from components.registry.versions import register_lora_version
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_tags, redact
 from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.config import TrainingJobConfig
 from components.trainer.loop import TrainResult, check_world_size, run_worker
-from components.trainer.metrics import MetricsFile
 from components.trainer.ray_train import run_on_ray
 from components.trainer.run_output import (
     CONFIG_FILE,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from components.trainer.config import GuidanceMode
-from components.trainer.models.base import PackedLatentModel, PromptEmbeddings
+from components.models.base import PackedLatentModel, PromptEmbeddings
+from components.models.config import GuidanceMode
 
 
 class FluxModel(PackedLatentModel):

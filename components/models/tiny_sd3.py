@@ -13,7 +13,7 @@ import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-from components.trainer.models import tiny_tokenizers as tok
+from components.models import tiny_tokenizers as tok
 
 LATENT_CHANNELS = 16
 VAE_BLOCKS = (32, 32, 64)  # downsample factor 2 ** (len - 1) = 4

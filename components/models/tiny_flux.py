@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-from components.trainer.models import tiny_tokenizers as tok
-from components.trainer.models.tiny_sd3 import (
+from components.models import tiny_tokenizers as tok
+from components.models.tiny_sd3 import (
     CLIP_HIDDEN,
     LATENT_CHANNELS,
     T5_DIM,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from components.trainer.models.base import FlowMatchingModel, PromptEmbeddings
+from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 
 class SD3Model(FlowMatchingModel):

@@ -1,0 +1,76 @@
+"""The `model:` section: which text-to-image model to load or build, its dtype, device and LoRA."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from components.config_base import Section
+
+# The tiny model's LoRA also adapts the feed-forward layers and the output projection: with attention
+# alone a random 2-layer transformer cannot move the image statistics far (see tiny-cpu.yaml).
+TINY_LORA_TARGETS = [
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+    "ff.net.0.proj", "ff.net.2", "proj_out",
+]
+
+
+class LoRAConfig(Section):
+    rank: int = Field(default=8, ge=1, description="LoRA rank r")
+    alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (scale = alpha / rank)")
+    init: Literal["gaussian", "default"] = Field(default="gaussian", description="peft init_lora_weights")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(TINY_LORA_TARGETS), min_length=1,
+        description="module-name suffixes of the transformer to adapt",
+    )
+
+
+# How each family guides sampling (docs/MODELS.md): `cfg` batches a negative-prompt pass with the prompt;
+# `true_cfg` runs it separately and rescales to the conditional norm (Qwen-Image); `embedded` feeds the scale
+# to a guidance-distilled transformer (FLUX.1-dev); `none` has neither (FLUX.1-schnell). The adapter of a
+# `diffusers` kind reports its mode once loaded, and the same check runs then.
+GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
+TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg"}
+
+
+class ModelConfig(Section):
+    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "diffusers"] = Field(
+        default="tiny-sd3",
+        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage`: random pipeline of that family built from "
+                    "config; `diffusers`: load `path` (SD3, FLUX.1 or Qwen-Image, from its model_index.json)",
+    )
+    path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
+    negative_prompt: str = Field(
+        default="", description="negative prompt of CFG / true CFG; only read when sampling.guidance_scale > 1",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="model weights dtype")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto`: cuda when available")
+    resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
+    max_sequence_length: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="text tokens per prompt (T5 for SD3 and FLUX, Qwen2.5-VL for Qwen-Image); longer prompts are "
+                    "cut. null = the family's: 128 for SD3 and FLUX (upstream flow_grpo's training length), 512 for "
+                    "Qwen-Image (its pipeline's)",
+    )
+    offload_text_encoders: bool = Field(
+        default=False,
+        description="keep the text encoders off the accelerator once prompts are encoded: embeddings are cached "
+                    "in host memory (all prompts at start when they fit in prompt_cache_gib, the encoders then "
+                    "released; else each epoch's prompts, the encoders waiting in host memory between epochs)",
+    )
+    prompt_cache_gib: float = Field(
+        default=16.0, ge=0, description="host memory for cached prompt embeddings (offload_text_encoders)",
+    )
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
+
+    @model_validator(mode="after")
+    def _path_matches_kind(self) -> ModelConfig:
+        if self.kind == "diffusers" and not self.path:
+            raise ValueError("model.path is required when model.kind is 'diffusers'")
+        if self.kind != "diffusers" and self.path:
+            raise ValueError("model.path is only read when model.kind is 'diffusers'; remove it or change the kind")
+        if self.resolution % 16:
+            raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
+        return self
