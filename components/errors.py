@@ -1,5 +1,8 @@
 """Exceptions a user can act on. The CLI prints their message as one line and exits non-zero."""
 
+import sys
+from collections.abc import Callable
+
 
 class FlowGRPOError(Exception):
     """Base class for errors caused by input the user controls."""
@@ -35,3 +38,19 @@ class TrackingError(FlowGRPOError):
 
 class RunOutputError(FlowGRPOError):
     """A run output (config.yaml, metrics.jsonl, samples/, lora/) that is missing or cannot be read."""
+
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def exit_status(prog: str, main: Callable[[], int]) -> int:
+    """Run an entry point's ``main``: a FlowGRPOError becomes one line on stderr and exit 2, Ctrl-C exit 130."""
+    try:
+        return main()
+    except FlowGRPOError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; checkpoints written so far are kept", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -10,22 +10,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from components.console import status_line
-from components.errors import ConfigError, FlowGRPOError
+from components.console import quiet_libraries, status_line
+from components.errors import ConfigError, exit_status
 from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
+from components.reward_server import entry as reward_server_entry
+from components.trainer import entry as trainer_entry
 from pipeline.config import DEFAULT_CONFIG, load_config
-
-EXIT_USER_ERROR = 2
-
-
-def _quiet_libraries() -> None:
-    """Keep library chatter (torchvision fallbacks, dtype notes) out of the progress output."""
-    import logging
-
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-    for name in ("transformers", "diffusers", "peft", "mlflow"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -35,28 +25,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override config values, e.g. train.epochs=5 sampling.group_size=4")
 
 
-def _default_output(config_path: Path) -> Path:
-    return Path("runs") / f"{config_path.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
-    _quiet_libraries()
-    from components.trainer.training_run import train
-
-    output = args.output or _default_output(args.config)
-    status_line(f"training {args.config} -> {output}")
-    if args.ray_workers < 0:
-        raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
-    result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
-                   workers=args.ray_workers)
-    from components.flowgrpo.metrics import describe_learning
-
-    print(describe_learning(result.learning_summary()))
-    print(f"LoRA: {result.lora_uri}  metrics: {result.metrics_uri}")
-    if result.mlflow_run_url:
-        print(f"MLflow run: {result.mlflow_run_url}")
-    return 0
+    return trainer_entry.run(load_config(args.config, args.overrides), args)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -64,7 +34,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     name, _, version = (args.registered_model or "").rpartition("/")
     if args.registered_model and not (name and version):
         raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
-    _quiet_libraries()
+    quiet_libraries()
     from pipeline import steps
 
     result = steps.evaluate(config, args.lora, Path(args.output),
@@ -97,24 +67,6 @@ def cmd_rayjob(args: argparse.Namespace) -> int:
     output = args.output or f"s3://flowgrpo/runs/{run_id}"
     manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=args.mlflow_parent_run_id)
     sys.stdout.write(to_yaml(manifest))
-    return 0
-
-
-def cmd_reward_server(args: argparse.Namespace) -> int:
-    from components.reward_server.settings import load_settings
-    from components.rewards.registry import check_spec
-
-    settings = load_settings(args.config, args.rewards)
-    for i, spec in enumerate(settings.rewards):
-        check_spec(spec, f"rewards.{i}")
-    _quiet_libraries()
-    import uvicorn
-
-    from components.reward_server.app import create_app
-
-    keys = ", ".join(s.key for s in settings.rewards)
-    status_line(f"reward server on http://{args.host}:{args.port} serving {keys}")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 
@@ -153,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from components.trainer.loop import check_world_size
 
         check_world_size(config, args.ray_workers)
-    _quiet_libraries()
+    quiet_libraries()
     from pipeline.local_run import run_local
 
     status_line(f"local run of {args.config} in {args.workdir}")
@@ -174,7 +126,7 @@ def cmd_replay_mlflow(args: argparse.Namespace) -> int:
     from components.tracking.replay import replay_run
     from components.trainer.run_output import read_finished_run, run_name
 
-    _quiet_libraries()
+    quiet_libraries()
     run = read_finished_run(args.output)
     done = replay_run(run, run_name=args.run_name or run_name(run.uri), experiment=args.experiment,
                       register=None if args.no_register else register_lora_version, force=args.force,
@@ -225,40 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train a LoRA in this process",
-                       description="Train a LoRA with FlowGRPO (in this process, or on Ray with --ray-workers); "
-                                   "writes config.yaml, metrics.jsonl, "
-                                   "samples/, checkpoints/ and the final lora/ under --output (a directory or "
-                                   "s3://BUCKET/PREFIX; S3 endpoint and keys come from the AWS_* environment). "
-                                   "Logs to MLflow when MLFLOW_TRACKING_URI is set.")
+    p = sub.add_parser("train", help="train a LoRA in this process", description=trainer_entry.DESCRIPTION)
     _add_config_args(p)
-    p.add_argument("--output", default=None, metavar="DIR_OR_S3_URI",
-                   help="run directory or s3:// prefix (default: runs/<config name>-<timestamp>)")
-    resume = p.add_mutually_exclusive_group()
-    resume.add_argument("--resume", action="store_const", const=True, default=False,
-                        help="continue from the newest complete checkpoint under --output")
-    resume.add_argument("--auto-resume", dest="resume", action="store_const", const="auto",
-                        help="continue when --output holds a checkpoint, else start (for jobs that are retried)")
-    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
-                   help="log as a child of this MLflow run (default: $FLOWGRPO_MLFLOW_PARENT_RUN_ID, else a "
-                        "top-level run)")
-    p.add_argument("--ray-workers", type=int, default=0, metavar="N",
-                   help="train on N data-parallel Ray Train workers (joins $RAY_ADDRESS, else starts a local "
-                        "Ray); 0 (default) trains in this process")
+    trainer_entry.add_run_arguments(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("reward-server", help="serve rewards over HTTP",
-                       description="Serve rewards over HTTP for trainers (POST /v1/score) and Flow-Factory clients "
-                                   "(POST /compute). Either --rewards with default options or --config with "
-                                   "per-reward options, limits and batching.")
-    p.add_argument("--rewards", default=None, metavar="NAME[,NAME...]",
-                   help="rewards to serve with default options, e.g. jpeg_compressibility,ocr")
-    p.add_argument("--config", type=Path, default=None,
-                   help="YAML with `rewards:` (name, label, weight, args, timeout_s), `limits:` and `batching:`")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8600, help="port (default 8600)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=cmd_reward_server)
+    p = sub.add_parser("reward-server", help="serve rewards over HTTP", description=reward_server_entry.DESCRIPTION)
+    reward_server_entry.add_arguments(p)
+    p.set_defaults(func=reward_server_entry.serve)
 
     p = sub.add_parser("validate", help="check a config and exit",
                        description="Load and validate a config with its overrides; nothing else runs.")
@@ -386,14 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except FlowGRPOError as exc:
-        print(f"flowgrpo {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print(f"flowgrpo {args.command}: interrupted; checkpoints written so far are kept", file=sys.stderr)
-        return 130
+    return exit_status(f"flowgrpo {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
 from components.launch.kubernetes.cluster_config import RayJobConfig
-from components.reward_server.deploy_config import RewardDeployConfig
+from components.launch.kubernetes.reward_deploy_config import RewardDeployConfig
 from components.rewards.config import RewardSpec, check_names, check_unique_keys
 from components.trainer.config import TrainingJobConfig
 

@@ -50,18 +50,20 @@ def prepare_dataset(config: str, overrides: list, storage_root: str, dataset: Ou
 
 
 @_component(COMPONENTS_IMAGE)
-def deploy_reward_server(config: str, overrides: list, run_id: str) -> str:
+def deploy_reward_server(config: str, overrides: list, run_id: str, launcher: str) -> str:
     """Start the run's reward server and wait until it is ready; returns its URL."""
+    from components.launch import launcher_for
     from pipeline import steps
     from pipeline.config import config_from_parameter
 
-    return steps.deploy_reward_server(config_from_parameter(config, overrides), run_id)
+    return steps.deploy_reward_server(config_from_parameter(config, overrides), run_id, launcher_for(launcher))
 
 
 @_component(COMPONENTS_IMAGE)
 def train(config: str, overrides: list, storage_root: str, run_id: str, run_name: str, ray_workers: int,
-          dataset: Input[Dataset], reward_url: str, model: Output[Model], metrics: Output[Metrics]):
+          launcher: str, dataset: Input[Dataset], reward_url: str, model: Output[Model], metrics: Output[Metrics]):
     """FlowGRPO training as a KubeRay RayJob (locally: on a local Ray), followed to its end."""
+    from components.launch import launcher_for
     from components.tracking.pipeline_runs import parent_run
     from pipeline import steps
     from pipeline.config import config_from_parameter
@@ -70,7 +72,7 @@ def train(config: str, overrides: list, storage_root: str, run_id: str, run_name
     parent = parent_run(experiment.tracking.experiment, run_id, run_name)
     result = steps.train(steps.training_config(experiment, dataset.uri, reward_url),
                          steps.run_output(storage_root, run_id), run_id=run_id, parent_run_id=parent,
-                         ray_workers=ray_workers)
+                         ray_workers=ray_workers, launcher=launcher_for(launcher))
     model.uri = result.lora_uri
     model.metadata.update({"output": result.output, "mlflow_run_id": result.mlflow_run_id or "",
                            "base_model": experiment.model.path or experiment.model.kind})
@@ -122,15 +124,16 @@ def register(config: str, overrides: list, model: Input[Model], promoted: bool, 
 
 
 @_component(COMPONENTS_IMAGE)
-def teardown(config: str, overrides: list, run_id: str, status: dsl.PipelineTaskFinalStatus):
+def teardown(config: str, overrides: list, run_id: str, launcher: str, status: dsl.PipelineTaskFinalStatus):
     """Exit task: delete the reward server whatever happened, close the MLflow parent run."""
+    from components.launch import launcher_for
     from components.tracking.pipeline_runs import finish_parent_run
     from pipeline import steps
     from pipeline.config import config_from_parameter
 
     experiment = config_from_parameter(config, overrides)
     try:
-        steps.teardown_reward_server(experiment, run_id)
+        steps.teardown_reward_server(experiment, run_id, launcher_for(launcher))
     finally:
         finish_parent_run(experiment.tracking.experiment, run_id, succeeded=status.state == "SUCCEEDED")
 
@@ -162,6 +165,7 @@ def build_pipeline(eval_gpus: int = 1, retries: bool = True):
         overrides: list = [],  # noqa: B006 -- KFP reads the default from the signature
         storage_root: str = "s3://flowgrpo",
         ray_workers: int = 1,
+        launcher: str = "kubernetes",
     ):
         """One FlowGRPO experiment.
 
@@ -172,23 +176,25 @@ def build_pipeline(eval_gpus: int = 1, retries: bool = True):
             storage_root: s3:// prefix for datasets (datasets/<content hash>) and runs (runs/<run id>).
             ray_workers: local runs only: Ray Train workers (0 = in the step's process); in a cluster the RayJob
                 has cluster.workers.replicas workers.
+            launcher: where the reward server and the training start: "kubernetes" (a Deployment and a RayJob in
+                cluster.namespace); `flowgrpo run --local` passes "local:STATE_DIR" (processes on its machine).
         """
         def step(task: dsl.PipelineTask, name: str, *, timeout_s: int, tries: int = 0, cache: bool = False):
             return _step(task, name, timeout_s=timeout_s, retries=tries if retries else 0, cache=cache)
 
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         run_name = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
-        exit_task = step(teardown(config=config, overrides=overrides, run_id=run_id), "teardown reward server",
-                         timeout_s=HOUR, tries=2)
+        exit_task = step(teardown(config=config, overrides=overrides, run_id=run_id, launcher=launcher),
+                         "teardown reward server", timeout_s=HOUR, tries=2)
         with dsl.ExitHandler(exit_task, name="flowgrpo run"):
             data = step(prepare_dataset(config=config, overrides=overrides, storage_root=storage_root),
                         "prepare dataset", timeout_s=HOUR, tries=2, cache=True)
-            server = step(deploy_reward_server(config=config, overrides=overrides, run_id=run_id),
+            server = step(deploy_reward_server(config=config, overrides=overrides, run_id=run_id, launcher=launcher),
                           "deploy reward server", timeout_s=HOUR, tries=1)
             server.after(data)  # no server (GPU replicas, a judge) is started for a dataset that fails validation
             trained = step(train(config=config, overrides=overrides, storage_root=storage_root, run_id=run_id,
-                                 run_name=run_name, ray_workers=ray_workers, dataset=data.outputs["dataset"],
-                                 reward_url=server.output),
+                                 run_name=run_name, ray_workers=ray_workers, launcher=launcher,
+                                 dataset=data.outputs["dataset"], reward_url=server.output),
                            "train (RayJob)", timeout_s=7 * 24 * HOUR, tries=1)  # a retry resumes
             evaluated = step(evaluate(config=config, overrides=overrides, run_id=run_id, run_name=run_name,
                                       dataset=data.outputs["dataset"], model=trained.outputs["model"]),

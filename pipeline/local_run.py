@@ -33,7 +33,6 @@ from pathlib import Path
 from components.console import status_line
 from components.errors import FlowGRPOError
 from pipeline.config import ExperimentConfig, dump_config
-from pipeline.steps import LOCAL_STATE_ENV
 
 BUCKET = "flowgrpo"
 STORAGE_ROOT = f"s3://{BUCKET}"
@@ -265,7 +264,8 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
     step. Nothing it started outlives it."""
     from kfp import local
 
-    from components.reward_server.local import stop_all_local
+    from components.launch import LOCAL_PREFIX
+    from components.launch.local import stop_all_local
     from pipeline.kfp_pipeline import build_pipeline
 
     workdir = workdir.resolve()
@@ -279,7 +279,7 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
     before = _children()
     try:
         with local_services(workdir, log=log) as service_env, patched_environ({
-            **service_env, LOCAL_STATE_ENV: str(workdir), "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
+            **service_env, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
             "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
             "RAY_TMPDIR": str(ray_tmp),
         }):
@@ -294,7 +294,8 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
                 # kfp.local warns that the images are not used and that k8s settings are ignored: both known.
                 warnings.simplefilter("ignore")
                 pipeline = build_pipeline(eval_gpus=0, retries=False)
-                pipeline(config=dump_config(config), overrides=[], storage_root=STORAGE_ROOT, ray_workers=ray_workers)
+                pipeline(config=dump_config(config), overrides=[], storage_root=STORAGE_ROOT, ray_workers=ray_workers,
+                         launcher=f"{LOCAL_PREFIX}{workdir}")
             progress.close()
             job_dir = _newest_job(workdir / "pipeline-root")
             if progress.failed:

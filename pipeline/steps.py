@@ -1,16 +1,15 @@
 """The pipeline's steps as plain functions.
 
 Each KFP component in ``pipeline/kfp_pipeline.py`` is a thin wrapper over one of these, so they run (and are
-tested) without KFP. A step learns where it runs from the environment: ``$FLOWGRPO_LOCAL_STATE_DIR`` (set
-by ``flowgrpo run --local``) means on this machine (reward server as a process, training on a local Ray),
-otherwise in a cluster (reward server as a Deployment, training as a KubeRay RayJob).
+tested) without KFP. The steps that start something are handed a launcher (``components.launch``): on this
+machine (reward server as a process, training on a local Ray; ``flowgrpo run --local``) or in a cluster
+(reward server as a Deployment, training as a KubeRay RayJob).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,16 +18,10 @@ from pathlib import Path
 from components import storage
 from components.console import status_line
 from components.errors import DataError
+from components.launch import Launcher
 from pipeline.config import ExperimentConfig
 
-LOCAL_STATE_ENV = "FLOWGRPO_LOCAL_STATE_DIR"
 Log = Callable[[str], None]
-
-
-def local_state_dir() -> Path | None:
-    """The `run --local` work directory when this step runs locally, else None (in a cluster)."""
-    value = os.environ.get(LOCAL_STATE_ENV)
-    return Path(value) if value else None
 
 
 def run_output(storage_root: str, run_id: str) -> str:
@@ -107,34 +100,14 @@ def prepare(config: ExperimentConfig, storage_root: str, log: Log = status_line)
 # -- reward server -----------------------------------------------------------------------------------------
 
 
-def deploy_reward_server(config: ExperimentConfig, run_id: str, log: Log = status_line) -> str:
-    """Start the run's reward server (a process locally, a Deployment + Service in the cluster); its URL."""
-    from components.reward_server.deploy import reward_server_name
-
-    name = reward_server_name(run_id)
-    if (state := local_state_dir()) is not None:
-        from components.reward_server.local import start_local
-
-        return start_local(config, name=name, state_dir=state, timeout_s=config.reward_deploy.ready_timeout_s,
-                           log=log)
-    from components.reward_server.deploy import deploy_to_kubernetes
-
-    return deploy_to_kubernetes(config, name=name, namespace=config.cluster.namespace, run_id=run_id, log=log)
+def deploy_reward_server(config: ExperimentConfig, run_id: str, launcher: Launcher, log: Log = status_line) -> str:
+    """Start the run's reward server with ``launcher``; its URL."""
+    return launcher.start_reward_server(config, run_id, log)
 
 
-def teardown_reward_server(config: ExperimentConfig, run_id: str, log: Log = status_line) -> None:
+def teardown_reward_server(config: ExperimentConfig, run_id: str, launcher: Launcher, log: Log = status_line) -> None:
     """Stop what deploy_reward_server started for ``run_id``; fine when nothing (or part of it) is there."""
-    from components.reward_server.deploy import reward_server_name
-
-    name = reward_server_name(run_id)
-    if (state := local_state_dir()) is not None:
-        from components.reward_server.local import stop_local
-
-        stop_local(name, state, log=log)
-        return
-    from components.reward_server.deploy import teardown_kubernetes
-
-    teardown_kubernetes(name, config.cluster.namespace, log=log)
+    launcher.stop_reward_server(config, run_id, log)
 
 
 # -- train -------------------------------------------------------------------------------------------------
@@ -156,24 +129,15 @@ def training_config(config: ExperimentConfig, dataset_uri: str, reward_url: str 
 
 
 def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: str | None, ray_workers: int,
-          log: Log = status_line) -> TrainedRef:
-    """Train into ``output``; a retried step continues from the newest checkpoint there. Locally on
-    ``ray_workers`` local Ray Train workers (0: in this process); in a cluster as a RayJob, followed to its
+          launcher: Launcher, log: Log = status_line) -> TrainedRef:
+    """Train into ``output`` with ``launcher``; a retried step continues from the newest checkpoint there. Locally
+    on ``ray_workers`` local Ray Train workers (0: in this process); in a cluster as a RayJob, followed to its
     end."""
     from components.flowgrpo.metrics import describe_learning, learning_summary
     from components.tracking.pipeline_runs import child_run
     from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, run_name
 
-    if local_state_dir() is not None:
-        from components.trainer.training_run import train as run_training
-
-        run_training(config, output, resume="auto", parent_run_id=parent_run_id, workers=ray_workers, log=log)
-    else:
-        from components.launch.kubernetes.api import submit_rayjob
-        from components.launch.kubernetes.rayjob import build_rayjob
-
-        manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=parent_run_id)
-        submit_rayjob(manifest, timeout_s=config.cluster.active_deadline_seconds, log=log)
+    launcher.train(config, output, run_id=run_id, parent_run_id=parent_run_id, workers=ray_workers, log=log)
     history = read_history(storage.join(output, METRICS_FILE))
     if history:
         log(describe_learning(learning_summary(history)))

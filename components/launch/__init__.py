@@ -1,0 +1,40 @@
+"""Where a run's parts start: on this machine (``local.LocalLauncher``) or on Kubernetes
+(``kubernetes.launcher.KubernetesLauncher``). The pipeline's steps are handed one; a KFP component builds it
+from the pipeline's ``launcher`` parameter with ``launcher_for``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from components.errors import ConfigError
+
+LOCAL_PREFIX = "local:"
+KUBERNETES = "kubernetes"
+
+
+class Launcher(Protocol):
+    def start_reward_server(self, config: Any, run_id: str, log: Callable[[str], None]) -> str:
+        """Start the run's reward server for ``config.rewards`` and return its URL once it is ready."""
+
+    def stop_reward_server(self, config: Any, run_id: str, log: Callable[[str], None]) -> None:
+        """Stop what ``start_reward_server`` started for ``run_id``; fine when nothing (or part of it) is there."""
+
+    def train(self, config: Any, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
+              log: Callable[[str], None]) -> None:
+        """Train ``config`` into ``output`` and return when the training has finished (raise when it failed)."""
+
+
+def launcher_for(where: str) -> Launcher:
+    """``kubernetes`` (a Deployment and a RayJob in the config's ``cluster.namespace``) or ``local:STATE_DIR``
+    (processes on this machine, recorded under STATE_DIR; what ``flowgrpo run --local`` passes)."""
+    if where == KUBERNETES:
+        from components.launch.kubernetes.launcher import KubernetesLauncher
+
+        return KubernetesLauncher()
+    if where.startswith(LOCAL_PREFIX) and where[len(LOCAL_PREFIX):]:
+        from components.launch.local import LocalLauncher
+
+        return LocalLauncher(Path(where[len(LOCAL_PREFIX):]))
+    raise ConfigError(f"launcher {where!r}: use {KUBERNETES!r} or '{LOCAL_PREFIX}STATE_DIR'")

@@ -1,9 +1,13 @@
-"""What a reward server serves and the limits it enforces (the YAML of `flowgrpo reward-server --config`)."""
+"""What a reward server serves and the limits it enforces (the YAML of `python -m components.reward_server
+--config`, the same as `flowgrpo reward-server --config`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from components.config_base import Section, format_validation_error, read_yaml_mapping
@@ -41,6 +45,32 @@ class ServerSettings(Section):
     def _unique(self) -> ServerSettings:
         check_unique_keys(self.rewards, "rewards")
         return self
+
+
+VLM_JUDGE = "vlm_judge"
+
+
+def judge_specs(node: Any) -> Iterator[dict[str, Any]]:
+    """Every vlm_judge spec in a dumped reward list, also inside wrappers such as ``rank`` (``args.reward``)."""
+    if isinstance(node, dict):
+        if node.get("name") == VLM_JUDGE and isinstance(node.get("args"), dict):
+            yield node
+        for value in node.values():
+            yield from judge_specs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from judge_specs(value)
+
+
+def settings_yaml(rewards: list[RewardSpec], limits: Limits, batching: Batching, judge_url: str | None = None) -> str:
+    """The server's ``--config`` YAML: ``rewards``, with every vlm_judge ``base_url`` set to ``judge_url`` when
+    given (the run's own judge on a cluster), and the limits and batching."""
+    dumped = [s.model_dump(mode="json") for s in rewards]
+    if judge_url:
+        for spec in judge_specs(dumped):
+            spec["args"]["base_url"] = f"{judge_url}/v1"
+    settings = ServerSettings(rewards=dumped, limits=limits, batching=batching)
+    return yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False)
 
 
 def load_settings(config: Path | None, reward_names: str | None) -> ServerSettings:

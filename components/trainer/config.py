@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from components.config_base import Section, refuse_url_credentials
+from components.config_base import Section, format_validation_error, refuse_url_credentials
 from components.dataset.config import DataConfig
+from components.errors import ConfigError
 from components.models.config import TINY_GUIDANCE, GuidanceMode, ModelConfig
 from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
 
@@ -192,6 +193,15 @@ class TrainingJobConfig(Section):
     reward_server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @classmethod
+    def from_sections(cls, data: dict[str, Any], source: str) -> TrainingJobConfig:
+        """The trainer's own sections of an experiment mapping, validated; the other stages' sections are theirs
+        to read (the experiment config they came from was validated whole where it was composed)."""
+        try:
+            return cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, source)) from exc
 
     @model_validator(mode="before")
     @classmethod

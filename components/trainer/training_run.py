@@ -30,7 +30,7 @@ from components.trainer.run_output import (
 )
 
 
-def _open_output(config: TrainingJobConfig, output: str | Path,
+def _open_output(record: dict, output: str | Path,
                  resume: bool | str) -> tuple[RunOutput, tuple[str, ckpt.TrainerState] | None]:
     """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output
     and, when this continues a run, the (URI, state) of the checkpoint it continues from."""
@@ -46,7 +46,7 @@ def _open_output(config: TrainingJobConfig, output: str | Path,
         )
     start = (latest, ckpt.read_checkpoint(latest)) if resume else None
     out.prepare(fresh=not resume)
-    (out.local / CONFIG_FILE).write_text(_dump_yaml(config))
+    (out.local / CONFIG_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
     out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
     return out, start
 
@@ -63,21 +63,23 @@ def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, l
 
 
 def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str = False,
-          log: Callable[[str], None] = status_line, parent_run_id: str | None = None, workers: int = 0) -> TrainResult:
+          log: Callable[[str], None] = status_line, parent_run_id: str | None = None, workers: int = 0,
+          record: dict | None = None) -> TrainResult:
     """Train to ``config.train.epochs`` into ``output`` (a directory or ``s3://`` prefix). With ``resume``
     continue from the newest complete checkpoint there; ``"auto"`` continues if there is one (a retried job).
     ``workers`` > 0 trains on that many Ray Train workers instead of in this process. Tracks to MLflow when
-    MLFLOW_TRACKING_URI is set."""
+    MLFLOW_TRACKING_URI is set. ``record``: the whole experiment the config is part of, kept with the run
+    (config.yaml, MLflow params); default the config itself."""
     if workers:
         check_world_size(config, workers)
-    out, start = _open_output(config, output, resume)
+    dumped = config.model_dump(mode="json") if record is None else record
+    out, start = _open_output(dumped, output, resume)
     t = config.tracking
     tracker = open_tracker(t.experiment, run_name(out.uri),
                            run_id=start[1].mlflow_run_id if start else None,
                            parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
-        dumped = config.model_dump(mode="json")
         lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
         tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
         if start is None:
@@ -104,7 +106,3 @@ def _collect(out: RunOutput, tracker: NullTracker) -> TrainResult:
     if out.remote:
         storage.download_dir(out.uri_of(FINAL_LORA_DIR), out.local / FINAL_LORA_DIR)
     return TrainResult(out, MetricsFile(out.local / METRICS_FILE).read(), out.local / FINAL_LORA_DIR, tracker.url)
-
-
-def _dump_yaml(config: TrainingJobConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.services.process import free_ports, running_process, venv_binary
+from components.launch.process import free_ports, running_process, venv_binary
 from pipeline.services.seaweed import SeaweedS3
 
 

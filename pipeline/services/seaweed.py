@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.services.process import free_ports, running_process, venv_binary
+from components.launch.process import free_ports, running_process, venv_binary
 
 # The admin gRPC port is fixed relative to the admin http port inside weed.
 ADMIN_GRPC_OFFSET = 10000

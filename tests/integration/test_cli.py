@@ -1,6 +1,7 @@
 """`flowgrpo` as a user runs it: bad input gives one clear line and a non-zero exit, no traceback."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,8 +94,9 @@ def test_default_config_learns_for_every_seed(tmp_path, seed):
     assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file()
 
 
+@pytest.mark.parametrize("entry", [["pipeline.cli", "reward-server"], ["components.reward_server"]])
 @pytest.mark.parametrize("how", ["names", "config"])
-def test_reward_server_command_serves_over_http(tmp_path, how):
+def test_reward_server_command_serves_over_http(tmp_path, how, entry):
     import httpx
     import numpy as np
     from servers import free_port, wait_until_ok
@@ -109,7 +111,8 @@ def test_reward_server_command_serves_over_http(tmp_path, how):
         config.write_text("rewards:\n  - name: brightness\n    label: bright\n    weight: 3.0\n"
                           "limits:\n  max_images: 2\n")
         args = ["--config", str(config)]
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "reward-server", *args, "--port", str(port)],
+    # `flowgrpo reward-server` and the entry module a Deployment and a local run start are the same server.
+    proc = subprocess.Popen([sys.executable, "-m", *entry, *args, "--port", str(port)],
                             cwd=REPO, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -200,3 +203,30 @@ def test_validate_and_train_refuse_a_bad_config_with_the_same_line_before_any_wo
     assert not (tmp_path / "run").exists()  # refused before any work
     assert "PLANTED" not in lines["train"]  # a planted password is named by its key, never echoed
     assert not any("PLANTED" in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_trainer_entry_module_trains_its_sections_of_a_whole_experiment_from_the_environment(tmp_path, small_config):
+    """What a RayJob runs: ``python -m components.trainer --config env:...`` with the whole experiment in the
+    variable. It trains on the trainer's sections and keeps the whole experiment with the run."""
+    import yaml
+
+    experiment = small_config("train.epochs=1", "eval.max_prompts=3").model_dump(mode="json")
+    env = os.environ | {"FLOWGRPO_EXPERIMENT_CONFIG": yaml.safe_dump(experiment)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    args = [sys.executable, "-m", "components.trainer", "--config", "env:FLOWGRPO_EXPERIMENT_CONFIG",
+            "--output", str(tmp_path / "run"), "--auto-resume"]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert recorded == experiment and recorded["eval"]["max_prompts"] == 3  # not only the trainer's sections
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
+
+    bad = {**experiment, "train": {**experiment["train"], "epochs": 0}}
+    env["FLOWGRPO_EXPERIMENT_CONFIG"] = yaml.safe_dump(bad)
+    proc = subprocess.run([*args[:-3], "--output", str(tmp_path / "other")], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=600)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]
+    assert proc.stderr.startswith("trainer: error: invalid config env:FLOWGRPO_EXPERIMENT_CONFIG: train.epochs")
+    assert not (tmp_path / "other").exists()

@@ -12,7 +12,7 @@ import pytest
 from kmock import KubernetesError, ResourceInfo, action, resource
 
 from components.errors import LaunchError
-from components.launch.kubernetes import api as kube
+from components.launch.kubernetes import rayjobs as kube
 from components.launch.kubernetes.rayjob import build_rayjob
 from pipeline.config import load_config
 

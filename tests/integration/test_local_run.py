@@ -162,7 +162,7 @@ def test_failing_training_step_still_tears_the_reward_server_down(first_run, tmp
 def test_ui_serves_mlflow_with_images_over_the_local_state(first_run):
     workdir, done = first_run
     assert done.returncode == 0
-    from pipeline.services.process import free_ports
+    from components.launch.process import free_ports
 
     (port,) = free_ports(1)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "ui", "--workdir", str(workdir), "--port",

@@ -27,7 +27,7 @@ def test_prints_a_valid_rayjob_for_the_gpu_config():
     manifest = yaml.safe_load(proc.stdout)
     assert rayjob_schema.errors(manifest) == []
     assert manifest["metadata"]["name"] == "flowgrpo-ocr-7"
-    assert manifest["spec"]["entrypoint"] == ("flowgrpo train --config env:FLOWGRPO_EXPERIMENT_CONFIG "
+    assert manifest["spec"]["entrypoint"] == ("python -m components.trainer --config env:FLOWGRPO_EXPERIMENT_CONFIG "
                                               "--output s3://exp/ocr-7 --ray-workers 4 --auto-resume")
     assert "FLOWGRPO_MLFLOW_PARENT_RUN_ID: abc123" in manifest["spec"]["runtimeEnvYAML"]
 

@@ -15,8 +15,8 @@ import yaml
 from kmock import KubernetesError, ResourceInfo, action, resource
 
 from components.errors import LaunchError
-from components.launch.kubernetes import api as kube
-from components.reward_server.deploy import (
+from components.launch.kubernetes import deployments as kube
+from components.launch.kubernetes.reward_server import (
     deploy_to_kubernetes,
     judge_name,
     reward_server_name,

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from components.errors import LaunchError
-from components.reward_server.local import RECORDS, start_local, stop_all_local, stop_local
+from components.launch.local import RECORDS, start_local, stop_all_local, stop_local
 from pipeline.config import load_config
 
 
@@ -89,7 +89,7 @@ def test_the_server_survives_the_process_that_started_it(state_dir):
     """The deploy step is a short-lived process; the teardown step, another one, stops the server."""
     code = textwrap.dedent(f"""
         from pathlib import Path
-        from components.reward_server.local import start_local
+        from components.launch.local import start_local
         from pipeline.config import load_config
         print(start_local(load_config(None), name="rs-b", state_dir=Path({str(state_dir)!r}), timeout_s=60,
                           log=lambda _: None))

@@ -16,7 +16,7 @@ from botocore.config import Config
 
 from components import storage
 from components.errors import FlowGRPOError
-from pipeline.services.process import free_ports
+from components.launch.process import free_ports
 from pipeline.services.seaweed import SeaweedS3
 
 MiB = 1024 * 1024

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from components.errors import TrackingError
+from components.launch.process import free_ports
 from components.models.generate import generate, load_with_lora
 from components.registry.versions import register_lora_version
 from components.tracking.replay import replay_run
@@ -34,7 +35,6 @@ from components.trainer import checkpoint as ckpt
 from components.trainer.run_output import RUN_RECORD_FILE, read_finished_run
 from components.trainer.training_run import train
 from pipeline.services.mlflow_server import running_mlflow
-from pipeline.services.process import free_ports
 from pipeline.services.seaweed import SeaweedS3
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ def compiled(tmp_path_factory) -> tuple[dict, dict]:
 def test_committed_yaml_loads_with_kfp_loader():
     component = components.load_component_from_file(str(COMPILED))
     assert component.name == "flowgrpo"
-    assert set(component.component_spec.inputs) == {"config", "overrides", "storage_root", "ray_workers"}
+    assert set(component.component_spec.inputs) == {"config", "overrides", "storage_root", "ray_workers", "launcher"}
     assert component.component_spec.inputs["config"].default == "tiny-cpu"
 
 

@@ -12,6 +12,7 @@ import yaml
 
 from components.errors import ConfigError, LaunchError
 from components.launch.kubernetes.rayjob import MAX_NAME, build_rayjob, default_run_id, rayjob_name, to_yaml
+from components.trainer.config import TrainingJobConfig
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: rayjob_schema
@@ -139,16 +140,20 @@ def test_ray_pods_mount_no_service_account_token():
 def test_entrypoint_and_runtime_env_carry_the_exact_config(path, parent):
     config, manifest = _build(path, ["train.epochs=7"], output="s3://bucket/runs/a b", parent=parent)
     argv = shlex.split(manifest["spec"]["entrypoint"])
-    assert argv == ["flowgrpo", "train", "--config", "env:FLOWGRPO_EXPERIMENT_CONFIG",
+    assert argv == ["python", "-m", "components.trainer", "--config", "env:FLOWGRPO_EXPERIMENT_CONFIG",
                     "--output", "s3://bucket/runs/a b", "--ray-workers", str(config.cluster.workers.replicas),
                     "--auto-resume"]
     env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env.get("FLOWGRPO_MLFLOW_PARENT_RUN_ID") == parent
     assert all(isinstance(v, str) for v in env.values())
-    # The trainer reads it as pipeline.config does: YAML mapping -> ExperimentConfig.
-    restored = ExperimentConfig.model_validate(yaml.safe_load(env["FLOWGRPO_EXPERIMENT_CONFIG"]))
+    # The whole experiment travels (the run records it); the trainer validates its own sections of it.
+    data = yaml.safe_load(env["FLOWGRPO_EXPERIMENT_CONFIG"])
+    restored = ExperimentConfig.model_validate(data)
     assert restored == config and restored.train.epochs == 7
+    own = TrainingJobConfig.from_sections(data, "env:FLOWGRPO_EXPERIMENT_CONFIG")
+    assert own.model_dump() == {k: v for k, v in config.model_dump().items() if k in TrainingJobConfig.model_fields}
+    assert "cluster" not in own.model_dump() and own.train.epochs == 7
 
 
 def test_yaml_output_round_trips_without_anchors_or_folded_lines():

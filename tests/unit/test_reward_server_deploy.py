@@ -13,7 +13,7 @@ from k8s_manifests import IMAGES, MANIFESTS, containers, image_user, pod_specs, 
 
 from components.errors import ConfigError, LaunchError
 from components.launch.kubernetes.podspec import S3_SECRET_KEYS
-from components.reward_server.deploy import (
+from components.launch.kubernetes.reward_server import (
     CONFIG_HASH,
     MAX_NAME,
     build_reward_server_objects,
@@ -21,8 +21,8 @@ from components.reward_server.deploy import (
     reward_server_name,
     service_url,
 )
+from components.reward_server.entry import build_parser as reward_server_parser
 from components.reward_server.settings import ServerSettings
-from pipeline.cli import build_parser
 from pipeline.config import load_config
 
 NS = "team-a"
@@ -106,8 +106,8 @@ def test_the_deployment_runs_the_cli_on_the_configmap_with_probes():
     (config_map,), (deployment,) = _by_kind(objects, "ConfigMap"), _by_kind(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["command"] == ["flowgrpo", "reward-server"]
-    args = build_parser().parse_args([*container["command"][1:], *container["args"]])
+    assert container["command"] == ["python", "-m", "components.reward_server"]
+    args = reward_server_parser().parse_args(container["args"])
     assert (args.host, args.port) == ("0.0.0.0", 9000)
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
@@ -242,7 +242,7 @@ def test_bad_settings_name_the_key(override, needles):
 
 def test_the_deploy_modules_import_no_kubernetes_client_nor_heavy_libraries():
     """The components image (no torch) runs the deploy step; a local run never needs the Kubernetes client."""
-    code = ("import sys, components.reward_server.deploy, components.reward_server.local\n"
+    code = ("import sys, components.launch.kubernetes.reward_server, components.launch.local\n"
             "bad = sorted({'kubernetes', 'torch', 'rapidocr', 'diffusers'} & {m.split('.')[0] for m in sys.modules})\n"
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

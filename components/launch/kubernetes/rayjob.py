@@ -27,10 +27,10 @@ from components.launch.kubernetes.podspec import (
     secret_env,
     trainer_selector,
 )
+from components.tracking.tracker import PARENT_RUN_ENV
+from components.trainer.entry import CONFIG_ENV
 
 API_VERSION = "ray.io/v1"
-CONFIG_ENV = "FLOWGRPO_EXPERIMENT_CONFIG"
-PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
 NAME_PREFIX = "flowgrpo-"
 # KubeRay (v1.7 validation) caps a RayJob name at 53 - 6: it appends "-xxxxx" for the RayCluster, whose
 # services append up to "-serve-svc" within the 63 characters of a DNS label. It must be a DNS-1035 label.
@@ -87,7 +87,8 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
 
 def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
                  parent_run_id: str | None = None) -> dict[str, Any]:
-    """The RayJob that runs ``flowgrpo train`` for ``config`` on ``cluster.workers.replicas`` Ray workers."""
+    """The RayJob that runs ``python -m components.trainer`` for ``config`` on ``cluster.workers.replicas``
+    Ray workers."""
     cluster = config.cluster
     if not output.startswith("s3://") or len(output) <= len("s3://"):
         raise LaunchError(f"--output {output!r} must be an s3:// URI: the Ray pods share no filesystem and are "
@@ -114,7 +115,7 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
     if parent_run_id:
         env_vars[PARENT_RUN_ENV] = parent_run_id
     replicas = cluster.workers.replicas
-    entrypoint = (f"flowgrpo train --config env:{CONFIG_ENV} --output {shlex.quote(output)} "
+    entrypoint = (f"python -m components.trainer --config env:{CONFIG_ENV} --output {shlex.quote(output)} "
                   f"--ray-workers {replicas} --auto-resume")  # a retried job (backoffLimit) continues
     cluster_spec: dict[str, Any] = {
         "rayVersion": cluster.ray_version,

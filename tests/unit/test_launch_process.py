@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pipeline.services.process import ServiceError, running_process
+from components.launch.process import ServiceError, running_process
 
 
 def test_exit_before_ready_reports_code_and_log(tmp_path):

@@ -1,10 +1,10 @@
-"""A run's reward server on Kubernetes, as plain data, and its deploy / teardown (through components.launch.kubernetes.api).
+"""A run's reward server on Kubernetes, as plain data, and its deploy / teardown (through deployments.py).
 
 The server serves the experiment's training rewards (``rewards:``): the trainer is its only client, and the
 evaluation step scores in its own process with ``eval_rewards``. Every name derives from the run id alone, so the
 pipeline's exit handler (which cannot read other tasks' outputs) tears down what the deploy step created.
 
-Objects: a ConfigMap with the server's settings YAML, a Deployment running ``flowgrpo reward-server`` and a
+Objects: a ConfigMap with the server's settings YAML, a Deployment running ``python -m components.reward_server`` and a
 ClusterIP Service; when a ``vlm_judge`` reward is served (and ``reward_deploy.judge.enabled``), a vLLM judge
 Deployment + Service named ``<name>-judge``, with every vlm_judge ``base_url`` pointed at it.
 """
@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
-
-import yaml
 
 from components.console import status_line
 from components.errors import LaunchError
@@ -31,16 +29,15 @@ from components.launch.kubernetes.podspec import (
     secret_env,
     trainer_selector,
 )
+from components.launch.kubernetes.reward_deploy_config import RewardDeployConfig
 from components.launch.kubernetes.types import Toleration
-from components.reward_server.deploy_config import RewardDeployConfig
-from components.reward_server.settings import ServerSettings
+from components.reward_server.settings import judge_specs, settings_yaml
 from components.rewards.config import RewardSpec
 
 NAME_PREFIX = "flowgrpo-rs-"
 # Service names are DNS-1035 labels (63): room for JUDGE_SUFFIX.
 MAX_NAME = 56
 JUDGE_SUFFIX = "-judge"
-VLM_JUDGE = "vlm_judge"
 CONFIG_DIR = "/etc/flowgrpo"
 CONFIG_FILE = "rewards.yaml"
 CONFIG_HASH = "flowgrpo.io/config-sha256"
@@ -79,39 +76,15 @@ def service_url(name: str, namespace: str, port: int) -> str:
     return f"http://{name}.{namespace}.svc.cluster.local:{port}"
 
 
-def _judge_specs(node: Any) -> Iterator[dict[str, Any]]:
-    """Every vlm_judge spec in a dumped reward list, also inside wrappers such as ``rank`` (``args.reward``)."""
-    if isinstance(node, dict):
-        if node.get("name") == VLM_JUDGE and isinstance(node.get("args"), dict):
-            yield node
-        for value in node.values():
-            yield from _judge_specs(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _judge_specs(value)
-
-
 def judge_models(config: DeployableConfig) -> list[str]:
     """The served model names the vlm_judge rewards ask for; empty when no judge is to be deployed."""
     if not config.reward_deploy.judge.enabled:
         return []
-    specs = list(_judge_specs([s.model_dump(mode="json") for s in config.rewards]))
+    specs = list(judge_specs([s.model_dump(mode="json") for s in config.rewards]))
     names = list(dict.fromkeys(s["args"].get("model") for s in specs))
     if any(not isinstance(n, str) or not n for n in names):
         raise LaunchError("a vlm_judge reward has no args.model: it names the model the judge serves")
     return names
-
-
-def settings_yaml(config: DeployableConfig, judge_url: str | None = None) -> str:
-    """The server's ``--config`` YAML: the training rewards, with every vlm_judge ``base_url`` set to
-    ``judge_url`` when given, and the limits and batching of ``reward_deploy``."""
-    rewards = [s.model_dump(mode="json") for s in config.rewards]
-    if judge_url:
-        for spec in _judge_specs(rewards):
-            spec["args"]["base_url"] = f"{judge_url}/v1"
-    deploy = config.reward_deploy
-    settings = ServerSettings(rewards=rewards, limits=deploy.limits, batching=deploy.batching)
-    return yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False)
 
 
 def _labels(component: str, name: str, run_id: str) -> dict[str, str]:
@@ -237,13 +210,13 @@ def build_reward_server_objects(config: DeployableConfig, *, name: str, namespac
     deploy = config.reward_deploy
     models = judge_models(config)
     judge_url = service_url(judge_name(name), namespace, deploy.judge.port) if models else None
-    text = settings_yaml(config, judge_url)
+    text = settings_yaml(config.rewards, deploy.limits, deploy.batching, judge_url)
     meta = _metadata(name, namespace, _labels("reward-server", name, run_id), run_id)
     container = {
         "name": "reward-server",
         "image": deploy.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["flowgrpo", "reward-server"],
+        "command": ["python", "-m", "components.reward_server"],
         "args": ["--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--host", "0.0.0.0", "--port", str(deploy.port)],
         "ports": [{"name": "http", "containerPort": deploy.port, "protocol": "TCP"}],
         "env": [
@@ -290,9 +263,9 @@ def deploy_to_kubernetes(config: DeployableConfig, *, name: str, namespace: str,
     they are ready, and return the server's in-cluster URL. ``host``: an API server URL without credentials
     (``kubectl proxy``, tests); default the in-cluster service account or the kubeconfig.
 
-    Raises ``components.launch.kubernetes.api.DeploymentFailed`` naming the pod and reason, ``LaunchError`` on a timeout; the
-    objects stay for inspection until ``teardown_kubernetes``."""
-    from components.launch.kubernetes import api as kube  # imports the Kubernetes client: only where a cluster is used
+    Raises ``deployments.DeploymentFailed`` naming the pod and reason, ``LaunchError`` on a timeout; the objects stay
+    for inspection until ``teardown_kubernetes``."""
+    from components.launch.kubernetes import deployments as kube  # the client: only where a cluster is used
 
     objects = build_reward_server_objects(config, name=name, namespace=namespace, run_id=run_id)
     api = kube.api_client_for(host)
@@ -312,7 +285,7 @@ def deploy_to_kubernetes(config: DeployableConfig, *, name: str, namespace: str,
 def teardown_kubernetes(name: str, namespace: str, log: Callable[[str], None] = status_line,
                         host: str | None = None) -> None:
     """Delete the reward server ``name`` and its judge; what is already gone (or never was) is fine."""
-    from components.launch.kubernetes import api as kube
+    from components.launch.kubernetes import deployments as kube
 
     objects = [("Deployment", name), ("Service", name), ("ConfigMap", name), ("NetworkPolicy", name),
                ("Deployment", judge_name(name)), ("Service", judge_name(name)), ("NetworkPolicy", judge_name(name))]

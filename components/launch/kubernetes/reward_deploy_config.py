@@ -1,7 +1,7 @@
 """How a run's reward server (and its vLLM judge) is deployed: the `reward_deploy:` section.
 
 Only the pipeline's deploy step reads it: on a cluster it becomes a Deployment + ClusterIP Service (see
-components/reward_server/deploy.py); a local run starts the same server as a process and uses only the limits,
+reward_server.py beside this file); a local run starts the same server as a process and uses only the limits,
 the batching and ``ready_timeout_s``.
 """
 

@@ -1,0 +1,129 @@
+"""The one process runner of local runs: free ports, a process in a session of its own (so stopping it reaches
+everything it starts), readiness waits, and stopping a whole process group, SIGTERM then SIGKILL.
+
+Two lifetimes: ``running_process`` holds a service for the duration of a ``with`` block (SeaweedFS, the MLflow
+server); ``start_detached`` starts one that outlives its caller (a local run's reward server, started by one
+pipeline step and stopped by another) and is found again by its pid and command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from components.errors import FlowGRPOError
+
+STOP_GRACE_S = 10.0
+TAIL_LINES = 20
+
+
+class ServiceError(FlowGRPOError):
+    """A local service that did not start (the message carries the end of its log)."""
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports; all sockets are held together so no port is handed out twice."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def venv_binary(name: str, package: str) -> str:
+    """The ``name`` executable that pip package ``package`` put beside this interpreter (the venv's), or on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if not found:
+        raise ServiceError(f"`{name}` not found: pip install {package}")
+    return found
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a process's log, indented, for an error message."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(f"  | {line}" for line in tail) or "  | (empty)"
+
+
+def stop_group(pid: int, alive: Callable[[], bool], grace_s: float = STOP_GRACE_S) -> bool:
+    """SIGTERM to the process group that ``pid`` leads, SIGKILL when it is still ``alive()`` after ``grace_s``;
+    whether it is gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not alive():
+            return True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return not alive()
+
+
+def _start(args: list[str], *, log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
+    # Its own session: stopping it reaches every process it starts, and the caller's Ctrl-C does not. No
+    # inherited pipes: a runner reading the caller's stdout to its end would otherwise wait for it too.
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+@contextlib.contextmanager
+def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path: Path, what: str,
+                    ready: Callable[[], bool], timeout_s: float) -> Iterator[subprocess.Popen]:
+    """Start ``args`` with its output in ``log_path``, wait until ``ready()``, yield it, then stop its whole process
+    group (also when it died on its own). ServiceError with the log's tail when it exits or is not ready in time."""
+    proc = _start(args, log_path=log_path, env=env, cwd=cwd)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            problem = (f"exited with {proc.returncode}" if proc.poll() is not None
+                       else f"was not ready within {timeout_s:g} s" if time.monotonic() > deadline else None)
+            if problem:
+                tail = log_path.read_bytes()[-2000:].decode(errors="replace")
+                raise ServiceError(f"{what} {problem}; the end of {log_path}:\n{tail}")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        stop_group(proc.pid, lambda: proc.poll() is None)
+        # Sweep whatever of its group outlived the leader (or a leader that died on its own).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def start_detached(args: list[str], *, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``args`` so that it outlives this process; find it again with ``is_running(pid, marker)``."""
+    return _start(args, log_path=log_path, env=env)
+
+
+def is_running(pid: int, marker: str) -> bool:
+    """Whether ``pid`` still runs the command whose arguments include ``marker``. Where /proc exists the command
+    line is checked: pids are reused, and stopping must never signal a stranger."""
+    with contextlib.suppress(ChildProcessError):  # not our child: started by an earlier, finished step
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # our child, exited (now reaped)
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return True  # no /proc (macOS): the pid is all there is to check

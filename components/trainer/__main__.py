@@ -1,0 +1,5 @@
+import sys
+
+from components.trainer.entry import main
+
+sys.exit(main())
