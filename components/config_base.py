@@ -43,6 +43,12 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    @classmethod
+    def default_of(cls, key: str) -> Any:
+        """The schema's default of ``key``: what a command-line option or a function argument mirroring it
+        defaults to, so a default is written once."""
+        return cls.model_fields[key].get_default(call_default_factory=True)
+
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
     parts = []

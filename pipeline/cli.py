@@ -11,11 +11,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from components.console import quiet_libraries, status_line
+from components.dataset.config import PrepareConfig
+from components.deployment import STORAGE_ROOT
 from components.errors import ConfigError, exit_status
 from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
 from components.reward_server import entry as reward_server_entry
 from components.trainer import entry as trainer_entry
 from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline.steps import run_output
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +67,7 @@ def cmd_rayjob(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     run_id = args.run_id or default_run_id(config, args.config.stem)
-    output = args.output or f"s3://flowgrpo/runs/{run_id}"
+    output = args.output or run_output(STORAGE_ROOT, run_id)
     manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=args.mlflow_parent_run_id)
     sys.stdout.write(to_yaml(manifest))
     return 0
@@ -214,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Secrets it names.")
     _add_config_args(p)
     p.add_argument("--output", default=None, metavar="S3_URI",
-                   help="s3:// prefix the run writes to (default: s3://flowgrpo/runs/<run id>)")
+                   help=f"s3:// prefix the run writes to (default: {run_output(STORAGE_ROOT, '<run id>')})")
     p.add_argument("--run-id", default=None, metavar="ID",
                    help="names the RayJob (default: <config name>-<config hash>, so the same config gives the "
                         "same RayJob)")
@@ -235,10 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=["ocr", "generic"], default=None,
                    help="ocr: also reject rows with no quoted text and no ground_truth (default: ocr for "
                         "--builtin ocr, else generic)")
-    p.add_argument("--test-fraction", type=float, default=0.1, help="share of rows in the test split (default 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split (default 0)")
-    p.add_argument("--max-prompt-tokens", type=int, default=256,
-                   help="reject prompts estimated longer than this many T5 tokens (default 256)")
+    # Defaults from the schema: the pipeline's prepare_dataset step (the `dataset:` section) splits the same way.
+    p.add_argument("--test-fraction", type=float, default=PrepareConfig.default_of("test_fraction"),
+                   help="share of rows in the test split (default %(default)s, as dataset.test_fraction)")
+    p.add_argument("--seed", type=int, default=PrepareConfig.default_of("seed"),
+                   help="seed of the train/test split (default %(default)s)")
+    p.add_argument("--max-prompt-tokens", type=int, default=PrepareConfig.default_of("max_prompt_tokens"),
+                   help="reject prompts estimated longer than this many T5 tokens (default %(default)s)")
     p.set_defaults(func=cmd_prepare_dataset)
 
     p = sub.add_parser("run", help="run the whole pipeline on this machine (--local)",

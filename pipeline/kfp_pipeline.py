@@ -8,23 +8,21 @@ every task receives. Compiled: ``flowgrpo compile`` -> ``pipeline/flowgrpo_pipel
 """
 
 # No `from __future__ import annotations`: KFP reads the components' annotations as types.
-from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
 from kfp import compiler, dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 
+from components.deployment import MLFLOW_SECRET, S3_SECRET, STORAGE_ROOT, image
+
 PIPELINE_NAME = "flowgrpo"
 COMPILED = Path(__file__).with_name("flowgrpo_pipeline.yaml")
-_VERSION = metadata.version("flowgrpo-mlops")
 # Light steps run in the image without torch; evaluation samples images, so it runs in the trainer's.
-COMPONENTS_IMAGE = f"ghcr.io/flowgrpo/flowgrpo-components:{_VERSION}"
-TRAINER_IMAGE = f"ghcr.io/flowgrpo/flowgrpo-trainer:{_VERSION}"
-# The Secrets of manifests/secrets (values never enter the pipeline or its parameters).
-S3_SECRET = "flowgrpo-s3"
+COMPONENTS_IMAGE = image("components")
+TRAINER_IMAGE = image("trainer")
+# The Secrets of manifests/secrets (values never enter the pipeline or its parameters): S3_SECRET, MLFLOW_SECRET.
 S3_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION")
-MLFLOW_SECRET = "flowgrpo-mlflow"
 MLFLOW_OPTIONAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_NODE_LABEL = "nvidia.com/gpu.present"  # set on GPU nodes by NVIDIA's GPU operator / feature discovery
@@ -163,7 +161,7 @@ def build_pipeline(eval_gpus: int = 1, retries: bool = True):
     def flowgrpo(
         config: str = "tiny-cpu",
         overrides: list = [],  # noqa: B006 -- KFP reads the default from the signature
-        storage_root: str = "s3://flowgrpo",
+        storage_root: str = STORAGE_ROOT,
         ray_workers: int = 1,
         launcher: str = "kubernetes",
     ):

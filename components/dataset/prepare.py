@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NamedTuple
 
 from components import storage
+from components.dataset.config import PrepareConfig
 from components.dataset.prepared import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -65,7 +66,6 @@ REASONS = {
     "duplicate": "same prompt as an earlier row",
 }
 MAX_EXAMPLES = 5
-DEFAULT_MAX_PROMPT_TOKENS = 256
 # Seconds between progress lines while reading; tests lower it.
 PROGRESS_INTERVAL_S = 5.0
 _FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
@@ -278,8 +278,10 @@ def builtin_source(name: str) -> Path:
     return BUILTIN_DIR / f"{name}.jsonl"
 
 
-def prepare_dataset(source: str, output: str, *, kind: Kind | None = None, test_fraction: float = 0.1,
-                    seed: int = 0, max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+def prepare_dataset(source: str, output: str, *, kind: Kind | None = None,
+                    test_fraction: float = PrepareConfig.default_of("test_fraction"),
+                    seed: int = PrepareConfig.default_of("seed"),
+                    max_prompt_tokens: int = PrepareConfig.default_of("max_prompt_tokens"),
                     progress: Callable[[str], None] | None = None) -> PreparedDataset:
     """Validate ``source`` (a path, an ``s3://`` URI or ``builtin:NAME``), split it and write it to ``output``.
 

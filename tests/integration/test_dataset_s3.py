@@ -42,7 +42,7 @@ LINES = [json.dumps({"prompt": f'a shop sign reading "SHOP {i}"', "ground_truth"
 def test_prepare_from_s3_to_s3_then_train_config_reads_it(prefix):
     storage.put_bytes(("\n".join([*LINES, "{broken", LINES[0]]) + "\n").encode(), f"{prefix}/in/prompts.jsonl")
     out = f"{prefix}/prepared"
-    result = prepare_dataset(f"{prefix}/in/prompts.jsonl", out, kind="ocr", seed=5)
+    result = prepare_dataset(f"{prefix}/in/prompts.jsonl", out, kind="ocr", seed=5, test_fraction=0.1)
     assert result.rejections.examples["unparseable"] == [21] and result.rejections.examples["duplicate"] == [22]
     for name in ("train.parquet", "test.parquet", "manifest.json"):
         assert storage.exists(f"{out}/{name}")

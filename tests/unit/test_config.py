@@ -160,3 +160,24 @@ def test_an_epoch_splits_per_worker():
     (problem,) = epoch_split_problems(c, 8)  # 1 micro-batch per worker cannot make an accumulation of 2
     assert problem.startswith("train.gradient_accumulation_steps (2) must divide the 1 micro-batches per epoch of "
                               "the 8 workers (4 samples / train.batch_size_per_worker 4)")
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_name_the_images_and_secrets_of_the_one_deployment_place(path):
+    """A version bump or a renamed Secret changes components/deployment.py; a config still spelling the old value
+    fails here instead of deploying a stale image."""
+    from components import deployment
+
+    expected = {("cluster", "image"): deployment.image("trainer"),
+                ("cluster", "s3_secret"): deployment.S3_SECRET, ("cluster", "mlflow_secret"): deployment.MLFLOW_SECRET,
+                ("reward_deploy", "image"): deployment.image("reward-server"),
+                ("reward_deploy", "s3_secret"): deployment.S3_SECRET,
+                ("reward_deploy", "judge", "image"): deployment.image("vllm-judge"),
+                ("reward_deploy", "judge", "fetch_image"): deployment.image("components")}
+    raw = yaml.safe_load(path.read_text())
+    for keys, value in expected.items():
+        node = raw
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:  # tiny-cpu.yaml spells every key (the test above); the recipes spell `cluster:`
+            assert node == value, f"{path.name}: {'.'.join(keys)} is {node!r}, the deployment's is {value!r}"

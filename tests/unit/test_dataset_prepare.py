@@ -218,10 +218,10 @@ def test_split_is_deterministic_disjoint_complete_and_seed_dependent(tmp_path):
     shuffled = lines[:]
     random.Random(0).shuffle(shuffled)
     src_shuffled = write_lines(tmp_path / "b.jsonl", shuffled)
-    a = prepare_dataset(str(src), str(tmp_path / "a"), seed=7)
-    again = prepare_dataset(str(src), str(tmp_path / "again"), seed=7)
-    b = prepare_dataset(str(src_shuffled), str(tmp_path / "b"), seed=7)
-    other = prepare_dataset(str(src), str(tmp_path / "other"), seed=8)
+    a = prepare_dataset(str(src), str(tmp_path / "a"), seed=7, test_fraction=0.1)
+    again = prepare_dataset(str(src), str(tmp_path / "again"), seed=7, test_fraction=0.1)
+    b = prepare_dataset(str(src_shuffled), str(tmp_path / "b"), seed=7, test_fraction=0.1)
+    other = prepare_dataset(str(src), str(tmp_path / "other"), seed=8, test_fraction=0.1)
     split_a = all_rows(tmp_path / "a")
     assert split_a == all_rows(tmp_path / "again") == all_rows(tmp_path / "b")
     assert a.manifest["content_sha256"] == again.manifest["content_sha256"] == b.manifest["content_sha256"]
@@ -307,7 +307,7 @@ def test_builtin_aesthetic_refused_as_ocr(tmp_path):
 def test_data_config_reads_a_prepared_dataset(tmp_path):
     src = write_lines(tmp_path / "in.jsonl", [json.dumps(r) for r in ROWS])
     out = tmp_path / "prepared"
-    result = prepare_dataset(str(src), str(out), seed=1)
+    result = prepare_dataset(str(src), str(out), seed=1, test_fraction=0.1)
     expected = all_rows(out)
     train = load_prompt_rows(DataConfig(prompts=None, path=str(out)))
     assert train == expected["train"] and len(train) == result.manifest["rows"]["train"] == 13
@@ -343,3 +343,18 @@ def test_split_field_needs_a_prepared_dataset(tmp_path):
     assert load_prompt_rows(DataConfig(prompts=None, path=str(jsonl))) == [PromptRow("a cat", {"ground_truth": "CAT"})]
     with pytest.raises(DataError, match=r"data\.split 'test' needs a prepared dataset"):
         load_prompt_rows(DataConfig(prompts=None, path=str(jsonl), split="test"))
+
+
+def test_the_command_and_the_function_split_as_the_pipeline_step_does_by_default():
+    """`flowgrpo prepare-dataset`, prepare_dataset() and the pipeline's `dataset:` section share their defaults."""
+    import inspect
+
+    from components.dataset.config import PrepareConfig
+    from pipeline.cli import build_parser
+
+    schema = PrepareConfig()
+    args = build_parser().parse_args(["prepare-dataset", "--builtin", "ocr", "--output", "out"])
+    signature = inspect.signature(prepare_dataset).parameters
+    for key in ("test_fraction", "seed", "max_prompt_tokens"):
+        assert getattr(args, key) == signature[key].default == getattr(schema, key), key
+    assert schema.test_fraction == 0.25

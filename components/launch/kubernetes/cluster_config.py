@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from components import deployment
 from components.config_base import Section
 from components.launch.kubernetes.types import (
     INT32_MAX,
@@ -57,7 +58,7 @@ class RayJobConfig(Section):
         default="flowgrpo", description="Kubernetes namespace of the RayJob (and its Secrets)",
     )
     image: Annotated[str, AfterValidator(check_image)] = Field(
-        default="ghcr.io/flowgrpo/flowgrpo-trainer:0.1.0",
+        default=deployment.image("trainer"),
         description="trainer image for head and workers; a version tag or digest, never `latest`",
     )
     ray_version: str = Field(
@@ -69,12 +70,12 @@ class RayJobConfig(Section):
     head: HeadConfig = Field(default_factory=HeadConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     s3_secret: ObjectName = Field(
-        default="flowgrpo-s3",
+        default=deployment.S3_SECRET,
         description="Secret whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3 and AWS_REGION "
                     "become the pods' environment (each optional); null = none",
     )
     mlflow_secret: ObjectName = Field(
-        default="flowgrpo-mlflow",
+        default=deployment.MLFLOW_SECRET,
         description="Secret whose keys MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
                     "become the pods' environment (each optional); null = none",
     )

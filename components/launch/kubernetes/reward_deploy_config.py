@@ -11,6 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
+from components import deployment
 from components.config_base import Section
 from components.launch.kubernetes.types import ObjectName, Quantity, Toleration, check_gpu_pool, check_image
 from components.reward_server.settings import Batching, Limits
@@ -38,8 +39,9 @@ class JudgeDeployConfig(Section):
                     "base_url (a judge running elsewhere)",
     )
     image: Image = Field(
-        default="ghcr.io/flowgrpo/flowgrpo-vllm-judge:0.1.0",
-        description="`vllm serve` image (images/vllm-judge: vllm/vllm-openai:v0.32.0, non-root, offline); pinned",
+        default=deployment.image("vllm-judge"),
+        description="`vllm serve` image (images/Dockerfile, target vllm-judge: vllm/vllm-openai:v0.32.0, non-root, "
+                    "offline); pinned",
     )
     model: Annotated[str, AfterValidator(_judge_model)] = Field(
         default="pvc://flowgrpo-models/judge",
@@ -48,7 +50,7 @@ class JudgeDeployConfig(Section):
                     "keys); served under the `model` name(s) of the vlm_judge rewards",
     )
     fetch_image: Image = Field(
-        default="ghcr.io/flowgrpo/flowgrpo-components:0.1.0",
+        default=deployment.image("components"),
         description="image of the init container that copies an s3:// model (components.storage.download_dir)",
     )
     cpu: Quantity = Field(default="8", description="CPU request = limit of the judge pod")
@@ -82,8 +84,9 @@ class RewardDeployConfig(Section):
     """The reward server a pipeline run deploys for its training rewards, and removes when the run ends."""
 
     image: Image = Field(
-        default="ghcr.io/flowgrpo/flowgrpo-reward-server:0.1.0",
-        description="reward server image (images/reward-server); a version tag or digest, never `latest`",
+        default=deployment.image("reward-server"),
+        description="reward server image (images/Dockerfile, target reward-server); a version tag or digest, never "
+                    "`latest`",
     )
     replicas: int = Field(default=1, ge=1, le=64, description="reward server pods behind the Service")
     cpu: Quantity = Field(default="2", description="CPU request = limit of each reward server pod")
@@ -108,7 +111,7 @@ class RewardDeployConfig(Section):
         default=None, description="ServiceAccount of the pods (e.g. one bound to cloud storage); null = default",
     )
     s3_secret: ObjectName = Field(
-        default="flowgrpo-s3",
+        default=deployment.S3_SECRET,
         description="Secret whose AWS_* keys become the pods' environment (reward weights from s3://; the judge's "
                     "s3:// model); null = none",
     )

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from components import deployment
 from components.config_base import Section
 
 INT32_MAX = 2**31 - 1
@@ -51,7 +52,7 @@ def check_image(image: str) -> str:
         return image
     name, _, tag = image.rpartition(":")
     if not name or not tag or "/" in tag:  # no tag at all: the last ':' (if any) belongs to a registry port
-        raise ValueError("the image has no tag: pin a version (e.g. ghcr.io/flowgrpo/flowgrpo-trainer:0.1.0) "
+        raise ValueError(f"the image has no tag: pin a version (e.g. {deployment.image('trainer')}) "
                          "or a digest (@sha256:...) so every pod of the run gets the same code")
     if tag == "latest":
         raise ValueError("the image uses the moving tag 'latest': pin a version or a digest so every pod "
