@@ -15,10 +15,9 @@ from components.launch.kubernetes.types import (
     INT32_MAX,
     ObjectName,
     Quantity,
-    Toleration,
-    check_gpu_pool,
     check_image,
     dns_label,
+    pod_resources,
 )
 
 # Ray's token authentication (kept on in the cluster) needs this Ray version or later (KubeRay validation).
@@ -30,25 +29,12 @@ class HeadConfig(Section):
     memory: Quantity = Field(default="4Gi", description="memory request = limit of the Ray head pod")
 
 
-class WorkersConfig(Section):
+class WorkersConfig(pod_resources("cluster.workers", "each worker pod", cpu="2", memory="8Gi",
+                                  gpu_key="gpus_per_worker")):
     replicas: int = Field(
         default=1, ge=1, le=1024,
         description="Ray worker pods; the trainer runs one training worker per pod (`--ray-workers`)",
     )
-    cpu: Quantity = Field(default="2", description="CPU request = limit of each worker pod")
-    memory: Quantity = Field(default="8Gi", description="memory request = limit of each worker pod")
-    gpus_per_worker: int = Field(default=0, ge=0, le=16, description="nvidia.com/gpu per worker pod; 0 = CPU only")
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="node labels the worker pods must match, e.g. a GPU node pool's label",
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=list, description="taints the worker pods tolerate, e.g. nvidia.com/gpu NoSchedule",
-    )
-
-    @model_validator(mode="after")
-    def _gpus_need_a_pool(self) -> WorkersConfig:
-        check_gpu_pool(self.gpus_per_worker, self.node_selector, "cluster.workers")
-        return self
 
 
 class RayJobConfig(Section):

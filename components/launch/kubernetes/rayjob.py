@@ -15,18 +15,8 @@ import yaml
 
 from components.config_base import URL_USERINFO, url_credentials_at
 from components.errors import LaunchError
+from components.launch.kubernetes import podspec
 from components.launch.kubernetes.cluster_config import RayJobConfig
-from components.launch.kubernetes.podspec import (
-    MLFLOW_SECRET_KEYS,
-    S3_SECRET_KEYS,
-    container_security,
-    placement,
-    pod_security,
-    resources,
-    run_name,
-    secret_env,
-    trainer_selector,
-)
 from components.tracking.tracker import PARENT_RUN_ENV
 from components.trainer.entry import CONFIG_ENV
 
@@ -46,7 +36,7 @@ class LaunchableConfig(Protocol):
 
 def rayjob_name(run_id: str) -> str:
     """``flowgrpo-<run id>`` when that is a valid, short enough name; else a slug plus a hash of the run id."""
-    return run_name(NAME_PREFIX, run_id, MAX_NAME)
+    return podspec.run_name(NAME_PREFIX, run_id, MAX_NAME)
 
 
 def default_run_id(config: LaunchableConfig, label: str) -> str:
@@ -64,11 +54,11 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         "env": [
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "FLOWGRPO_IMAGE", "value": cluster.image},  # recorded as an MLflow lineage tag
-            *secret_env(cluster.s3_secret, S3_SECRET_KEYS),
-            *secret_env(cluster.mlflow_secret, MLFLOW_SECRET_KEYS),
+            *podspec.secret_env(cluster.s3_secret, podspec.S3_SECRET_KEYS),
+            *podspec.secret_env(cluster.mlflow_secret, podspec.MLFLOW_SECRET_KEYS),
         ],
-        "resources": resources(cpu, memory, gpus),
-        "securityContext": container_security(),
+        "resources": podspec.resources(cpu, memory, gpus),
+        "securityContext": podspec.container_security(),
         # Ray's object store and NCCL use /dev/shm; the container default (64 MiB) is far too small.
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -77,11 +67,11 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # Ray and the trainer never call the Kubernetes API
         "containers": [container],
-        "securityContext": pod_security(1000),
+        "securityContext": podspec.pod_security(1000),
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     if not head:
-        spec.update(placement(cluster.workers.node_selector, cluster.workers.tolerations))
+        spec.update(podspec.placement(cluster.workers.node_selector, cluster.workers.tolerations))
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
@@ -110,7 +100,7 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
     name = rayjob_name(run_id)
     # the run id label (with the component) is what the run's reward server lets in (its NetworkPolicy)
     labels = {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/instance": name,
-              "app.kubernetes.io/managed-by": "flowgrpo", **trainer_selector(run_id)}
+              "app.kubernetes.io/managed-by": "flowgrpo", **podspec.trainer_selector(run_id)}
     env_vars = {CONFIG_ENV: _dump(data), "HF_HUB_OFFLINE": "1"}
     if parent_run_id:
         env_vars[PARENT_RUN_ENV] = parent_run_id

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field
 
 from components import deployment
-from components.config_base import Section
-from components.launch.kubernetes.types import ObjectName, Quantity, Toleration, check_gpu_pool, check_image
+from components.launch.kubernetes.types import ObjectName, Toleration, check_image, pod_resources
 from components.reward_server.settings import Batching, Limits
 
 Image = Annotated[str, AfterValidator(check_image)]
@@ -30,7 +29,10 @@ def _judge_model(value: str) -> str:
     return value
 
 
-class JudgeDeployConfig(Section):
+class JudgeDeployConfig(pod_resources(
+        "reward_deploy.judge", "the judge pod", cpu="8", memory="32Gi", gpus=1,
+        node_selector={"nvidia.com/gpu.present": "true"},
+        tolerations=[Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")])):
     """The vLLM OpenAI server deployed beside the reward server when a `vlm_judge` reward is served."""
 
     enabled: bool = Field(
@@ -53,17 +55,6 @@ class JudgeDeployConfig(Section):
         default=deployment.image("components"),
         description="image of the init container that copies an s3:// model (components.storage.download_dir)",
     )
-    cpu: Quantity = Field(default="8", description="CPU request = limit of the judge pod")
-    memory: Quantity = Field(default="32Gi", description="memory request = limit of the judge pod")
-    gpus: int = Field(default=1, ge=0, le=16, description="nvidia.com/gpu of the judge pod")
-    node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"nvidia.com/gpu.present": "true"},
-        description="node labels the judge pod must match (the GPU pool)",
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=lambda: [Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
-        description="taints the judge pod tolerates",
-    )
     port: int = Field(default=8000, ge=1024, le=65535, description="port of the judge's OpenAI API")
     args: list[str] = Field(
         default_factory=lambda: ["--max-model-len", "8192", "--gpu-memory-utilization", "0.90",
@@ -74,13 +65,10 @@ class JudgeDeployConfig(Section):
         default=1800.0, gt=0, description="seconds the judge may take to become ready (a large model loads slowly)",
     )
 
-    @model_validator(mode="after")
-    def _gpus_need_a_pool(self) -> JudgeDeployConfig:
-        check_gpu_pool(self.gpus, self.node_selector, "reward_deploy.judge")
-        return self
 
 
-class RewardDeployConfig(Section):
+class RewardDeployConfig(pod_resources("reward_deploy", "each reward server pod (GPUs for model rewards)", cpu="2",
+                                        memory="3Gi")):
     """The reward server a pipeline run deploys for its training rewards, and removes when the run ends."""
 
     image: Image = Field(
@@ -89,15 +77,6 @@ class RewardDeployConfig(Section):
                     "`latest`",
     )
     replicas: int = Field(default=1, ge=1, le=64, description="reward server pods behind the Service")
-    cpu: Quantity = Field(default="2", description="CPU request = limit of each reward server pod")
-    memory: Quantity = Field(default="3Gi", description="memory request = limit of each reward server pod")
-    gpus: int = Field(default=0, ge=0, le=16, description="nvidia.com/gpu per pod (model rewards); 0 = CPU only")
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="node labels the reward server pods must match",
-    )
-    tolerations: list[Toleration] = Field(
-        default_factory=list, description="taints the reward server pods tolerate",
-    )
     port: int = Field(default=8600, ge=1024, le=65535, description="port of the reward server and its Service")
     ready_timeout_s: float = Field(
         default=600.0, gt=0, description="seconds the reward server may take to become ready before the step fails",
@@ -120,8 +99,3 @@ class RewardDeployConfig(Section):
     judge: JudgeDeployConfig = Field(
         default_factory=JudgeDeployConfig, description="the vLLM judge, deployed only for vlm_judge rewards",
     )
-
-    @model_validator(mode="after")
-    def _gpus_need_a_pool(self) -> RewardDeployConfig:
-        check_gpu_pool(self.gpus, self.node_selector, "reward_deploy")
-        return self

@@ -5,9 +5,9 @@ Kubernetes client here."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, create_model, model_validator
 
 from components import deployment
 from components.config_base import Section
@@ -83,3 +83,36 @@ class Toleration(Section):
         if self.key is None and self.operator != "Exists":
             raise ValueError("a toleration without a key needs operator Exists")
         return self
+
+
+class PodResources(Section):
+    """Resources and placement of one kind of pod (requests = limits; GPUs only on a GPU pool). A section gets
+    its fields from ``pod_resources``, with that pod's defaults."""
+
+    GPU_KEY: ClassVar[str] = "gpus"
+    WHERE: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _gpus_need_a_pool(self) -> PodResources:
+        check_gpu_pool(getattr(self, self.GPU_KEY), self.node_selector, self.WHERE)
+        return self
+
+
+def pod_resources(where: str, pods: str, *, cpu: str, memory: str, gpus: int = 0, gpu_key: str = "gpus",
+                  node_selector: dict[str, str] | None = None,
+                  tolerations: list[Toleration] | None = None) -> type[PodResources]:
+    """The base of the section at ``where`` (e.g. ``cluster.workers``) whose ``pods`` (e.g. "each worker pod")
+    take ``cpu``, ``memory``, ``gpus`` (named ``gpu_key``), a node selector and tolerations."""
+    selector, tolerated = dict(node_selector or {}), list(tolerations or [])
+    section = create_model(
+        f"PodResources[{where}]", __base__=PodResources,
+        cpu=(Quantity, Field(default=cpu, description=f"CPU request = limit of {pods}")),
+        memory=(Quantity, Field(default=memory, description=f"memory request = limit of {pods}")),
+        node_selector=(dict[str, str], Field(default_factory=lambda: dict(selector),
+                                             description=f"node labels {pods} must match, e.g. a GPU pool's")),
+        tolerations=(list[Toleration], Field(default_factory=lambda: list(tolerated),
+                                             description=f"taints {pods} tolerates, e.g. nvidia.com/gpu NoSchedule")),
+        **{gpu_key: (int, Field(default=gpus, ge=0, le=16, description=f"nvidia.com/gpu of {pods}; 0 = CPU only"))},
+    )
+    section.GPU_KEY, section.WHERE = gpu_key, where
+    return section
