@@ -36,5 +36,10 @@ def launcher_for(where: str) -> Launcher:
     if where.startswith(LOCAL_PREFIX) and where[len(LOCAL_PREFIX):]:
         from components.launch.local import LocalLauncher
 
-        return LocalLauncher(Path(where[len(LOCAL_PREFIX):]))
+        state_dir = Path(where[len(LOCAL_PREFIX):])
+        if not state_dir.is_dir():  # a cluster run pointed at a laptop's folder: its pods have no such folder
+            raise ConfigError(f"launcher {where!r}: {state_dir} is not a folder on this machine; local launchers are "
+                              f"what `flowgrpo run --local` passes (it creates the folder), a cluster run uses "
+                              f"{KUBERNETES!r}")
+        return LocalLauncher(state_dir)
     raise ConfigError(f"launcher {where!r}: use {KUBERNETES!r} or '{LOCAL_PREFIX}STATE_DIR'")

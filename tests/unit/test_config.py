@@ -181,3 +181,31 @@ def test_shipped_configs_name_the_images_and_secrets_of_the_one_deployment_place
             node = node.get(key) if isinstance(node, dict) else None
         if node is not None:  # tiny-cpu.yaml spells every key (the test above); the recipes spell `cluster:`
             assert node == value, f"{path.name}: {'.'.join(keys)} is {node!r}, the deployment's is {value!r}"
+
+
+def test_the_design_doc_maps_every_folder_and_indexes_every_config_key():
+    """docs/DESIGN.md is where a newcomer finds a folder's concern and where a key is read: a new package or a new
+    top-level key that is not there fails here."""
+    import inspect
+    import re
+    import typing
+
+    from pydantic import BaseModel
+
+    repo = CONFIG_DIR.parents[1]
+    design = (repo / "docs" / "DESIGN.md").read_text()
+    index = design[design.index("### Where a config key is read"):]
+    rows = dict(re.findall(r"^\| `(\w+)` \| `([\w/.]+\.py)` \|", index, flags=re.M))
+    assert set(rows) == set(ExperimentConfig.model_fields)
+    for key, path in rows.items():
+        # the module of the section's class (of the list's items), else the module declaring the key itself
+        annotation = ExperimentConfig.model_fields[key].annotation
+        section = next((a for a in (annotation, *typing.get_args(annotation)) if isinstance(a, type)
+                        and issubclass(a, BaseModel)), None)
+        declared = (section is not None and Path(inspect.getsourcefile(section)) == repo / path) or \
+            re.search(rf"^\s+{key}: ", (repo / path).read_text(), flags=re.M)
+        assert declared, f"{key} is not defined in {path}"
+    folders = design[design.index("### Where each folder's one concern lives"):design.index("### Where a config key")]
+    packages = {p.parent.relative_to(repo).as_posix() for p in (repo / "components").glob("*/__init__.py")}
+    for package in sorted(packages):
+        assert f"`{package}/`" in folders, f"{package}/ has no row in docs/DESIGN.md"
