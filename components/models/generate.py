@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from components.models import FlowMatchingModel, load_model
+from components.models.base import FlowMatchingModel
 from components.models.config import ModelConfig
+from components.models.loading import load_model
 
 
 def load_with_lora(model_config: ModelConfig, seed: int, lora_dir: Path | None) -> FlowMatchingModel:

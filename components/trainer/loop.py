@@ -22,7 +22,8 @@ from components.flowgrpo.metrics import MetricsFile, learning_summary, progress_
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
 from components.flowgrpo.update import UpdateSettings, policy_update
-from components.models import FlowMatchingModel, load_model
+from components.models.base import FlowMatchingModel
+from components.models.loading import load_model
 from components.rewards.base import RewardOutput
 from components.rewards.client import RemoteRewardSet
 from components.rewards.scoring import (

@@ -179,7 +179,7 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) ->
     comparisons."""
     from torch._dynamo.utils import counters
 
-    from components import models as model_loading
+    from components.models import loading as model_loading
     from components.trainer import loop
 
     config = workload(cpu, compile_, uncond_grad)

@@ -237,7 +237,7 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     """One worker's epoch of the family's recipe through the trainer; peak memory of each phase."""
     import tempfile
 
-    from components import models as model_loading
+    from components.models import loading as model_loading
     from components.trainer import loop
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"

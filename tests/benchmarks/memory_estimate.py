@@ -45,9 +45,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from components.flowgrpo.loss import flow_grpo_loss
 from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.flowgrpo.sde import sde_step_with_logprob
-from components.models import PIPELINES, FlowMatchingModel, PromptEmbeddings
-from components.models.base import JOINT_ATTENTION_TARGETS
+from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import LoRAConfig
+from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
 
 GIB = 2**30

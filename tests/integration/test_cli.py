@@ -224,8 +224,8 @@ def test_trainer_entry_module_trains_its_sections_of_a_whole_experiment_from_the
 
     bad = {**experiment, "train": {**experiment["train"], "epochs": 0}}
     env["FLOWGRPO_EXPERIMENT_CONFIG"] = yaml.safe_dump(bad)
-    proc = subprocess.run([*args[:-3], "--output", str(tmp_path / "other")], capture_output=True, text=True, cwd=REPO, env=env,
-                          timeout=600)
+    proc = subprocess.run([*args[:-3], "--output", str(tmp_path / "other")], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=600)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[-1]]
     assert proc.stderr.startswith("trainer: error: invalid config env:FLOWGRPO_EXPERIMENT_CONFIG: train.epochs")

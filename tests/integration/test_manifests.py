@@ -10,6 +10,7 @@ the launcher prints) are checked on the rendered objects, i.e. on what ``kubectl
 from __future__ import annotations
 
 import base64
+import fnmatch
 import json
 import os
 import re
@@ -30,22 +31,24 @@ from packaging.utils import canonicalize_name
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 import rayjob_schema
 from k8s_manifests import (
+    DOCKERFILE,
     IMAGES,
     MANIFESTS,
     REPO,
     containers,
     dockerfile_instructions,
-    final_stage,
-    image_user,
+    dockerfile_stages,
     kustomize,
     pod_specs,
     pod_templates,
     quantity,
     selector_matches,
+    target_instructions,
+    target_user,
     tool,
 )
 
-from components.launch.kubernetes.rayjob import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
+from components.launch.kubernetes.podspec import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
 from components.launch.kubernetes.types import check_image
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -59,8 +62,14 @@ OVERLAYS = ("overlays/dev", "overlays/gpu")
 TEMPLATE_CONFIGS = {"overlays/dev/rayjob": "pipeline/configs/tiny-cpu.yaml",
                     "overlays/gpu/rayjob": "pipeline/configs/sd35-medium-ocr.yaml"}
 PLACEHOLDER = "REPLACE_ME"
-OUR_IMAGE = re.compile(r"^ghcr\.io/flowgrpo/flowgrpo-(?P<dir>[a-z0-9-]+):(?P<tag>[^@]+)$")
-DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+OUR_IMAGE = re.compile(r"^ghcr\.io/flowgrpo/flowgrpo-(?P<target>[a-z0-9-]+):(?P<tag>[^@]+)$")
+TARGETS = ("trainer", "reward-server", "components", "vllm-judge", "mlflow")
+
+
+def _copy_from(args: str) -> str | None:
+    """The stage of ``COPY --from=STAGE ...``; None for a COPY from the build context."""
+    match = re.match(r"--from=(\S+)\s", args)
+    return match.group(1) if match else None
 
 
 @pytest.fixture(scope="module")
@@ -301,9 +310,9 @@ def test_an_overlay_namespace_moves_every_object_and_the_binding(tmp_path):
 
 # --- pods: non-root, resources, exposure --------------------------------------------------------------------------
 
-def _dockerfile_for(image: str) -> Path | None:
+def _target_for(image: str) -> str | None:
     match = OUR_IMAGE.match(image)
-    return IMAGES / match["dir"] / "Dockerfile" if match else None
+    return match["target"] if match else None
 
 
 def test_no_container_runs_as_root(renders):
@@ -321,18 +330,18 @@ def test_no_container_runs_as_root(renders):
                 assert not ctx.get("privileged"), label
                 assert "ALL" in ((c.get("securityContext") or {}).get("capabilities") or {}).get("drop", []), label
                 # the UID the pod runs as owns the image's home and files: it is the image's own USER
-                dockerfile = _dockerfile_for(c["image"])
-                assert dockerfile is not None and dockerfile.exists(), f"{label}: {c['image']} is not built here"
-                assert image_user(dockerfile)[0] == ctx["runAsUser"], f"{label}: UID differs from {dockerfile}"
+                target = _target_for(c["image"])
+                assert target in TARGETS and target in dockerfile_stages(), f"{label}: {c['image']} is not built here"
+                assert target_user(target)[0] == ctx["runAsUser"], f"{label}: UID differs from target {target}"
                 checked += 1
     assert checked >= 15
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_dockerfile_runs_as_a_numeric_non_root_user(dockerfile):
-    uid, gid = image_user(dockerfile)
+@pytest.mark.parametrize("target", TARGETS)
+def test_dockerfile_runs_as_a_numeric_non_root_user(target):
+    uid, gid = target_user(target)
     assert uid > 0 and gid > 0
-    stage = final_stage(dockerfile)
+    stage = target_instructions(target)
     last_user = max(i for i, (_, ins, _) in enumerate(stage) if ins == "USER")
     # nothing after USER switches back or runs as root
     assert all(ins in ("ENV", "EXPOSE", "HEALTHCHECK", "ENTRYPOINT", "CMD", "WORKDIR", "LABEL", "ARG")
@@ -452,8 +461,7 @@ def test_reward_server_deployment_runs_the_cli_with_its_config(renders, key, tmp
 
     deployment = _one(renders[key], "Deployment", "flowgrpo-reward-server")
     c = _container(deployment, "reward-server")
-    image_cmd = next(json.loads(args) for _, ins, args in final_stage(IMAGES / "reward-server" / "Dockerfile")
-                     if ins == "ENTRYPOINT")
+    image_cmd = [json.loads(args) for _, ins, args in target_instructions("reward-server") if ins == "ENTRYPOINT"][-1]
     assert image_cmd == ["flowgrpo", "reward-server"]
     args = build_parser().parse_args(["reward-server", *c["args"]])  # the real CLI accepts them
     settings_data, config_path = _reward_settings(renders, key)
@@ -522,8 +530,7 @@ def test_mlflow_server_arguments_are_valid_and_its_host_check_admits_the_service
 
     for key in OVERLAYS:
         c = _container(_one(renders[key], "Deployment", "flowgrpo-mlflow"), "mlflow")
-        image_cmd = next(json.loads(args) for _, ins, args in final_stage(IMAGES / "mlflow" / "Dockerfile")
-                         if ins == "ENTRYPOINT")
+        image_cmd = [json.loads(args) for _, ins, args in target_instructions("mlflow") if ins == "ENTRYPOINT"][-1]
         assert image_cmd == ["mlflow", "server"]
         ctx = server.make_context("mlflow server", list(c["args"]))  # MLflow's own parser; nothing starts
         assert ctx.params["artifacts_destination"].startswith("s3://")
@@ -578,22 +585,89 @@ def test_every_image_is_pinned_and_ours_carry_the_package_version(renders):
         assert check_image(image) == image  # a tag or digest, never latest (the launcher's own rule)
         match = OUR_IMAGE.match(image)
         assert match and match["tag"] == VERSION, f"{image}: not ghcr.io/flowgrpo/flowgrpo-*:{VERSION}"
-        assert (IMAGES / match["dir"] / "Dockerfile").exists(), image
+        assert match["target"] in TARGETS and match["target"] in dockerfile_stages(), image
     bases = set()
-    for dockerfile in DOCKERFILES:
-        stages = set()
-        for _, ins, args in dockerfile_instructions(dockerfile):
-            if ins != "FROM":
-                continue
-            words = args.split()
-            image = words[0]
-            if image not in stages:
-                assert "$" not in image and check_image(image) == image, f"{dockerfile}: FROM {image}"
-                bases.add(image)
-            if len(words) == 3 and words[1].upper() == "AS":
-                stages.add(words[2])
+    stages = set()
+    for _, ins, args in dockerfile_instructions(DOCKERFILE):
+        if ins != "FROM":
+            continue
+        words = args.split()
+        image = words[0]
+        if image not in stages:
+            assert "$" not in image and check_image(image) == image, f"{DOCKERFILE}: FROM {image}"
+            bases.add(image)
+        if len(words) == 3 and words[1].upper() == "AS":
+            stages.add(words[2])
     python_bases = {b for b in bases if b.startswith("python:")}
     assert len(python_bases) == 1, f"one Python base for every image, got {python_bases}"
+
+
+def test_the_dockerfile_targets_are_the_images():
+    """The stages nothing else starts FROM or copies from are exactly the images; every other stage is shared."""
+    stages = dockerfile_stages()
+    used = {instructions[0][2].split()[0] for instructions in stages.values()}
+    used |= {_copy_from(args) for instructions in stages.values() for _, ins, args in instructions if ins == "COPY"}
+    assert sorted(set(stages) - used) == sorted(TARGETS)
+    # one image, one target: each carries its own title and ends with its own command
+    for target in TARGETS:
+        labels = " ".join(args for _, ins, args in target_instructions(target) if ins == "LABEL")
+        assert f'org.opencontainers.image.title="flowgrpo-{target}"' in labels, target
+        assert "org.opencontainers.image.version=\"$VERSION\"" in labels, target
+        assert [ins for _, ins, _ in stages[target]][-1] == "CMD", target
+
+
+# What each image installs, by target: the pip installs of the stage its /opt/venv comes from (base first).
+IMAGE_INSTALLS = {
+    "trainer": ['"torch==$torch_version"', "pip install --no-cache-dir /src"],
+    "reward-server": ['"torch==$torch_version"', "pip install --no-cache-dir /src"],
+    "components": ["pip install --no-cache-dir -r /src/images/requirements-components.txt",
+                   "pip install --no-cache-dir --no-deps /src"],
+    "mlflow": ["pip install --no-cache-dir -r /tmp/requirements.txt"],
+    "vllm-judge": [],  # vLLM's own image as it is
+}
+
+
+def _venv_stage(target: str) -> str | None:
+    """The stage target ``target`` copies its /opt/venv from (None: it has none)."""
+    sources = [_copy_from(args) for _, ins, args in target_instructions(target)
+               if ins == "COPY" and "/opt/venv" in args]
+    assert len(sources) <= 1, f"target {target}: several venvs {sources}"
+    return sources[0] if sources else None
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_image_installs_what_its_build_stage_installs(target):
+    stage = _venv_stage(target)
+    build = target_instructions(stage) if stage else []
+    installs = [args for _, ins, args in build + target_instructions(target) if ins == "RUN" and "pip install" in args]
+    assert len(installs) == len(IMAGE_INSTALLS[target]), installs
+    for args, expected in zip(installs, IMAGE_INSTALLS[target], strict=True):
+        assert args.endswith(expected) and "--no-cache-dir" in args, (target, args)
+    copied = {args.split()[0] for _, ins, args in build if ins == "COPY"}
+    if target == "components":  # its requirements file, then the package without dependencies
+        assert "images/requirements-components.txt" in copied and {"pipeline", "components"} <= copied
+    elif target == "mlflow":  # the server alone, not this package
+        assert copied == {"images/requirements-mlflow.txt"}
+    elif target != "vllm-judge":
+        assert {"pyproject.toml", "pipeline", "components"} <= copied
+    for _, ins, args in target_instructions(target):  # the image takes nothing from the build stages but the venv
+        assert ins != "COPY" or not _copy_from(args) or args.split()[1:] == ["/opt/venv", "/opt/venv"], args
+
+
+def test_each_image_runs_offline_with_its_caches_where_it_can_write():
+    """The environment each target ends up with, shared stages included."""
+    env = {target: dict(pair.split("=", 1) for _, ins, args in target_instructions(target) if ins == "ENV"
+                        for pair in shlex.split(args)) for target in TARGETS}
+    for target in ("trainer", "reward-server", "components", "vllm-judge"):  # nothing fetched from a model hub
+        assert env[target]["HF_HUB_OFFLINE"] == "1", target
+    for target in ("trainer", "reward-server", "components"):  # the commit MLflow records as lineage
+        assert env[target]["FLOWGRPO_GIT_COMMIT"] == "$GIT_COMMIT", target
+        assert [args for _, ins, args in target_instructions(target)
+                if ins == "ARG" and args.startswith("GIT_COMMIT=")], target
+    for target in ("reward-server", "vllm-judge", "mlflow"):  # read-only root filesystem, an emptyDir on /tmp
+        assert env[target]["HOME"] == "/tmp", target
+    for target in ("trainer", "reward-server", "components", "mlflow"):
+        assert env[target]["PATH"] == "/opt/venv/bin:$PATH" and env[target]["PYTHONUNBUFFERED"] == "1", target
 
 
 def test_build_script_builds_every_image_with_the_pyproject_version():
@@ -601,18 +675,33 @@ def test_build_script_builds_every_image_with_the_pyproject_version():
                 env=os.environ | {"REGISTRY": "registry.example/team"}, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     lines = [shlex.split(line) for line in proc.stdout.splitlines()]
-    builds = {cmd[cmd.index("-t") + 1]: cmd for cmd in lines if cmd[:2] == ["docker", "build"]}
+    build_lines = [cmd for cmd in lines if cmd[:2] == ["docker", "build"]]
+    builds = {cmd[cmd.index("-t") + 1]: cmd for cmd in build_lines}
     pushes = {cmd[2] for cmd in lines if cmd[:2] == ["docker", "push"]}
-    expected = {f"registry.example/team/flowgrpo-{p.parent.name}:{VERSION}" for p in DOCKERFILES}
+    expected = {f"registry.example/team/flowgrpo-{target}:{VERSION}" for target in TARGETS}
     gpu = f"registry.example/team/flowgrpo-reward-server:{VERSION}-gpu"
-    assert set(builds) == expected | {gpu} and pushes == set(builds)
-    for tag, cmd in builds.items():
+    assert set(builds) == expected | {gpu} and len(build_lines) == len(builds) and pushes == set(builds)
+    for tag, cmd in builds.items():  # one build of the one Dockerfile per image: its target
         name = tag.split("/flowgrpo-")[1].split(":")[0]
-        assert cmd[cmd.index("-f") + 1] == f"images/{name}/Dockerfile" and cmd[-1] == "."
+        assert cmd[cmd.index("-f") + 1] == "images/Dockerfile" and cmd[-1] == "."
+        assert cmd.count("--target") == 1 and cmd[cmd.index("--target") + 1] == name and name in dockerfile_stages()
         assert f"VERSION={VERSION}" in cmd
+    # torch's build: the Dockerfile's default (PyPI: the CUDA build) for the trainer, the CPU index for the reward
+    # server, PyPI again for its -gpu variant
+    (default_index,) = [args.partition("=")[2] for _, ins, args in dockerfile_stages()["torch-build"]
+                        if ins == "ARG" and args.startswith("TORCH_INDEX_URL=")]
+    assert default_index == "https://pypi.org/simple"
+    image = lambda name: builds[f"registry.example/team/flowgrpo-{name}:{VERSION}"]  # noqa: E731
+    assert not [arg for arg in image("trainer") if arg.startswith("TORCH_INDEX_URL=")]
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in image("reward-server")
     assert "TORCH_INDEX_URL=https://pypi.org/simple" in builds[gpu]
-    bad = _run(["bash", str(IMAGES / "build.sh"), "--dry-run", "no-such-image"], cwd=REPO)
-    assert bad.returncode == 2 and "no image 'no-such-image'" in bad.stderr
+    for name in ("no-such-image", "torch-build", "python-runtime"):  # a shared stage is not an image
+        bad = _run(["bash", str(IMAGES / "build.sh"), "--dry-run", name], cwd=REPO)
+        assert bad.returncode == 2 and f"no image '{name}'" in bad.stderr
+    some = _run(["bash", str(IMAGES / "build.sh"), "--dry-run", "mlflow", "trainer"], cwd=REPO)
+    assert some.returncode == 0, some.stderr
+    assert [cmd[cmd.index("--target") + 1] for cmd in map(shlex.split, some.stdout.splitlines())] == ["mlflow",
+                                                                                                     "trainer"]
 
 
 @pytest.mark.parametrize("script", ["images/build.sh", "scripts/render-rayjob-templates.sh"])
@@ -621,14 +710,44 @@ def test_shell_scripts_pass_shellcheck(script):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
-def test_dockerfile_passes_hadolint(dockerfile):
-    proc = _run([tool("hadolint"), "--no-color", "--config", str(IMAGES / "hadolint.yaml"), str(dockerfile)])
+def test_dockerfile_passes_hadolint():
+    assert sorted(p.name for p in IMAGES.rglob("*Dockerfile*")) == ["Dockerfile"]  # one Dockerfile for every image
+    proc = _run([tool("hadolint"), "--no-color", "--config", str(IMAGES / "hadolint.yaml"), str(DOCKERFILE)])
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
-    lines = dockerfile.read_text().splitlines()
+    lines = DOCKERFILE.read_text().splitlines()
     for i, line in enumerate(lines):
         if "hadolint ignore=" in line:  # an ignored rule comes with its reason, on the comment line above
-            assert i > 0 and lines[i - 1].startswith("#") and "hadolint" not in lines[i - 1], f"{dockerfile}:{i + 1}"
+            assert i > 0 and lines[i - 1].startswith("#") and "hadolint" not in lines[i - 1], f"{DOCKERFILE}:{i + 1}"
+            # DL3049 (labels) is ignored only on the FROM of a shared stage: the images carry every label
+            if "DL3049" in line:
+                assert lines[i + 1].startswith("FROM ") and lines[i + 1].split()[-1] not in TARGETS, i + 1
+
+
+def test_dockerignore_admits_exactly_what_the_dockerfile_copies():
+    """The build context is the repository root: .dockerignore (last matching pattern wins) must let in every
+    COPY source of the Dockerfile, and keep out the rest (tests, manifests, the build scripts)."""
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+    def sent(path: str) -> bool:
+        parts = path.split("/")
+        candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]  # a pattern also matches a folder above
+        keep = True
+        for pattern in patterns:
+            glob = pattern.removeprefix("!").rstrip("/").replace("**/", "*")
+            if any(fnmatch.fnmatchcase(c, glob) for c in candidates):
+                keep = pattern.startswith("!")
+        return keep
+
+    sources = {src for _, ins, args in dockerfile_instructions(DOCKERFILE)
+               if ins == "COPY" and not _copy_from(args) for src in args.split()[:-1]}
+    assert {"pyproject.toml", "pipeline", "components", "images/requirements-components.txt"} <= sources
+    for src in sources:
+        assert (REPO / src).exists(), src
+        assert sent(src) and sent(f"{src}/x.py" if (REPO / src).is_dir() else src), src
+    for path in ("tests/conftest.py", "manifests/base/kustomization.yaml", "images/build.sh", ".git/HEAD",
+                 "components/__pycache__/x.pyc"):
+        assert not sent(path), path
 
 
 def test_hadolint_with_this_config_flags_a_careless_dockerfile(tmp_path):
@@ -643,12 +762,12 @@ def test_hadolint_with_this_config_flags_a_careless_dockerfile(tmp_path):
 @pytest.mark.parametrize("name", ["trainer", "reward-server"])
 def test_torch_goes_in_first_at_the_pyproject_pin(name):
     (torch_pin,) = [d for d in PYPROJECT["project"]["dependencies"] if d.startswith("torch==")]
-    text = (IMAGES / name / "Dockerfile").read_text()
-    (expr,) = re.findall(r"sed -n '([^']+)' /src/pyproject\.toml", text)
+    build = target_instructions(_venv_stage(name))  # the build stage the image's venv comes from
+    (expr,) = [e for _, ins, args in build if ins == "RUN"
+               for e in re.findall(r"sed -n '([^']+)' /src/pyproject\.toml", args)]
     proc = _run(["sed", "-n", expr, str(REPO / "pyproject.toml")])
     assert proc.stdout.strip() == torch_pin.removeprefix("torch==")
-    installs = [args for _, ins, args in dockerfile_instructions(IMAGES / name / "Dockerfile")
-                if ins == "RUN" and "pip install" in args]
+    installs = [args for _, ins, args in build if ins == "RUN" and "pip install" in args]
     assert '"torch==$torch_version"' in installs[0] and installs[-1].endswith("pip install --no-cache-dir /src")
     assert all("--no-cache-dir" in args for args in installs)
 
@@ -665,7 +784,7 @@ def _pins(path: Path) -> dict[str, Requirement]:
 def test_image_requirements_fit_pyproject(name):
     project = {canonicalize_name(Requirement(d).name): Requirement(d) for d in PYPROJECT["project"]["dependencies"]}
     project["mlflow-skinny"] = project["mlflow"]  # the client half of the same release
-    pins = _pins(IMAGES / name / "requirements.txt")
+    pins = _pins(IMAGES / f"requirements-{name}.txt")
     for dist, req in pins.items():
         version = next(iter(req.specifier)).version
         if dist in project:
@@ -729,8 +848,8 @@ def test_components_image_runs_the_light_steps_with_only_its_requirements(tmp_pa
     made unimportable here, and the steps that image runs must still work."""
     from importlib.metadata import packages_distributions
 
-    allowed = _closure(set(_pins(IMAGES / "components" / "requirements.txt"))) | {"pip", "setuptools",
-                                                                                   "flowgrpo-mlops"}
+    allowed = _closure(set(_pins(IMAGES / "requirements-components.txt"))) | {"pip", "setuptools",
+                                                                                "flowgrpo-mlops"}
     blocked = sorted(module for module, dists in packages_distributions().items()
                      if not {canonicalize_name(d) for d in dists} & allowed)
     assert {"torch", "ray", "diffusers", "transformers", "rapidocr", "onnxruntime"} <= set(blocked)
@@ -751,7 +870,8 @@ def test_components_image_runs_the_light_steps_with_only_its_requirements(tmp_pa
                "from mlflow.version import IS_MLFLOW_SKINNY\nassert IS_MLFLOW_SKINNY")
     # The pipeline's light steps (prepare, deploy / teardown, the RayJob launch, register) and the pipeline itself.
     root = tmp_path / "root"
-    step("-c", "import pipeline.kfp_pipeline, components.reward_server.deploy, components.tracking.pipeline_runs\n"
+    step("-c", "import pipeline.kfp_pipeline, components.launch.kubernetes.reward_server\n"
+               "import components.tracking.pipeline_runs, components.launch.kubernetes.launcher\n"
                "from pipeline import steps\nfrom pipeline.config import config_from_parameter\n"
                f"ref = steps.prepare(config_from_parameter('tiny-cpu'), {str(root)!r})\n"
                "assert ref.manifest['rows']['train'] + ref.manifest['rows']['test'] == 8 and not ref.reused\n"

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from components.errors import ConfigError
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import sample_rollout, step_log_prob
-from components.models import load_model
 from components.models.base import TEXT_ENCODERS
+from components.models.loading import load_model
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer, _sampler_settings, _update_settings
 from pipeline.config import CONFIG_DIR, load_config

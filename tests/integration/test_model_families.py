@@ -15,9 +15,9 @@ import torch
 from components.errors import ConfigError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
-from components.models import load_model
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.generate import generate
+from components.models.loading import load_model
 from components.models.tiny_flux import build_tiny_flux
 from components.models.tiny_qwenimage import build_tiny_qwenimage
 from components.trainer.loop import Trainer

@@ -8,8 +8,8 @@ import torch
 
 from components import storage
 from components.errors import FlowGRPOError
-from components.models import load_model
 from components.models.config import ModelConfig
+from components.models.loading import load_model
 from components.models.tiny_sd3 import build_tiny_sd3
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward

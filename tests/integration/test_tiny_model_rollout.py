@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.models import load_model
 from components.models.config import LoRAConfig, ModelConfig
+from components.models.loading import load_model
 from components.models.tiny_sd3 import build_tiny_sd3
 
 MODULES = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")

@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from components.errors import ConfigError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
 from components.flowgrpo.update import UpdateSettings, policy_update
-from components.models import load_model
 from components.models.config import LoRAConfig, ModelConfig
+from components.models.loading import load_model
 from pipeline.config import CONFIG_DIR, load_config
 
 SCALE = 4.5

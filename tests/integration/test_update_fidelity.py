@@ -34,7 +34,7 @@ def test_micro_batches_keep_every_nonzero_sample_in_the_same_number_of_equal_bat
 
 def _rollout():
     config = load_config(None, [])
-    from components.models import load_model
+    from components.models.loading import load_model
 
     model = load_model(config.model, 0)
     torch.manual_seed(0)

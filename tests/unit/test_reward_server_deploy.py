@@ -9,7 +9,14 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
-from k8s_manifests import IMAGES, MANIFESTS, containers, image_user, pod_specs, quantity, selector_matches
+from k8s_manifests import (
+    MANIFESTS,
+    containers,
+    pod_specs,
+    quantity,
+    selector_matches,
+    target_user,
+)
 
 from components.errors import ConfigError, LaunchError
 from components.launch.kubernetes.podspec import S3_SECRET_KEYS
@@ -196,8 +203,7 @@ def test_secrets_reach_pods_only_by_reference(overrides):
 
 @pytest.mark.parametrize("overrides", [(), (JUDGE_REWARDS, "reward_deploy.judge.model=s3://b/judge")])
 def test_pods_run_as_the_images_non_root_user_with_requests_equal_to_limits(overrides):
-    uids = {"reward-server": image_user(IMAGES / "reward-server/Dockerfile"),
-            "vllm-judge": image_user(IMAGES / "vllm-judge/Dockerfile")}
+    uids = {"reward-server": target_user("reward-server"), "vllm-judge": target_user("vllm-judge")}
     for obj in _objects(*overrides):
         for _, spec in pod_specs(obj):
             component = obj["metadata"]["labels"]["app.kubernetes.io/component"]

@@ -41,7 +41,7 @@ JUDGE_SUFFIX = "-judge"
 CONFIG_DIR = "/etc/flowgrpo"
 CONFIG_FILE = "rewards.yaml"
 CONFIG_HASH = "flowgrpo.io/config-sha256"
-# The numeric USER of images/reward-server and images/vllm-judge (runAsNonRoot needs it).
+# The numeric USER of the reward-server and vllm-judge targets of images/Dockerfile (runAsNonRoot needs it).
 IMAGE_UID = 10001
 MODELS = "/models"
 # The judge's model from s3://: the same copy as manifests/components/judge-from-s3 (checksums verified).

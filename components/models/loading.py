@@ -1,0 +1,91 @@
+"""Build a model adapter from the `model` config section: the family table and the loader."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from components.errors import ModelLoadError
+from components.models.base import TEXT_ENCODERS, FlowMatchingModel, PromptEmbeddings
+from components.models.config import ModelConfig
+
+__all__ = ["FlowMatchingModel", "PromptEmbeddings", "load_model", "resolve_device"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("model.device is 'cuda' but no CUDA device is visible; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+# model_index.json class -> the adapter's module and class
+PIPELINES = {
+    "StableDiffusion3Pipeline": ("components.models.sd3", "SD3Model"),
+    "FluxPipeline": ("components.models.flux", "FluxModel"),
+    "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
+}
+TINY = {
+    "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
+    "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
+    "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
+}
+
+
+def _attr(spec: tuple[str, str]):
+    return getattr(importlib.import_module(spec[0]), spec[1])
+
+
+def _load_diffusers(path: str, dtype: torch.dtype):
+    from components import storage
+
+    root = storage.local_copy(path) if "://" in path else Path(path)
+    index = root / "model_index.json"
+    if not root.is_dir():
+        raise ModelLoadError(f"model.path: {path} is not a directory (a diffusers pipeline saved with save_pretrained)")
+    if not index.is_file():
+        raise ModelLoadError(f"model.path: {path} has no model_index.json; is it a diffusers pipeline directory?")
+    try:
+        class_name = json.loads(index.read_text())["_class_name"]
+    except (ValueError, KeyError) as exc:
+        raise ModelLoadError(f"model.path: {index} is not a valid model_index.json ({exc})") from exc
+    if class_name not in PIPELINES:
+        raise ModelLoadError(
+            f"model.path: {path} holds a {class_name}; supported pipelines: {', '.join(PIPELINES)}"
+        )
+    import diffusers
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return getattr(diffusers, class_name).from_pretrained(str(root), dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
+
+
+def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> FlowMatchingModel:
+    """The adapter for ``config.kind``, every module in eval mode and frozen, on its device (with ``on_device``
+    false the pipeline stays in host memory: the trainer places each part itself, see ``Trainer``)."""
+    device = resolve_device(config.device)
+    dtype = _DTYPES[config.dtype]
+    if config.kind in TINY:
+        pipe = _attr(TINY[config.kind])(config.resolution, seed)
+        if dtype != torch.float32:
+            pipe.to(dtype=dtype)
+    else:
+        pipe = _load_diffusers(config.path, dtype)
+    if on_device:
+        pipe.to(device=device)
+    for name in ("transformer", "vae", *TEXT_ENCODERS):
+        module = getattr(pipe, name, None)
+        if module is not None:
+            module.eval().requires_grad_(False)
+    pipe.set_progress_bar_config(disable=True)
+    return _attr(PIPELINES[type(pipe).__name__])(pipe, device, dtype, config.negative_prompt,
+                                                 config.max_sequence_length)
