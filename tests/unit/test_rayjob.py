@@ -250,3 +250,9 @@ def test_default_run_id_follows_the_config_content():
     assert default_run_id(a, "tiny-cpu") == default_run_id(load_config(TINY), "tiny-cpu")
     assert default_run_id(a, "tiny-cpu") != default_run_id(b, "tiny-cpu")
     assert default_run_id(a, "tiny-cpu").startswith("tiny-cpu-")
+
+
+@pytest.mark.parametrize("output", ["runs/local", "s3://", "s3:///key", "gs://bucket/run", "file:///tmp/run"])
+def test_an_output_that_is_not_an_s3_prefix_is_refused(output):
+    with pytest.raises(LaunchError, match=r"must be an s3:// URI: the Ray pods share no filesystem"):
+        build_rayjob(load_config(TINY, []), run_id="run-1", output=output)

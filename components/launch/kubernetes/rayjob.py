@@ -13,10 +13,12 @@ from typing import Any, Protocol
 
 import yaml
 
+from components import storage
 from components.config_base import URL_USERINFO, url_credentials_at
 from components.errors import LaunchError
 from components.launch.kubernetes import podspec
 from components.launch.kubernetes.cluster_config import RayJobConfig
+from components.storage import StorageError
 from components.tracking.tracker import PARENT_RUN_ENV
 from components.trainer.entry import CONFIG_ENV
 
@@ -80,7 +82,11 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
     """The RayJob that runs ``python -m components.trainer`` for ``config`` on ``cluster.workers.replicas``
     Ray workers."""
     cluster = config.cluster
-    if not output.startswith("s3://") or len(output) <= len("s3://"):
+    try:
+        remote = storage.is_remote(output)
+    except StorageError:
+        remote = False
+    if not remote:
         raise LaunchError(f"--output {output!r} must be an s3:// URI: the Ray pods share no filesystem and are "
                           "deleted when the job ends")
     data = config.model_dump(mode="json")
