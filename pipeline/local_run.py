@@ -16,6 +16,7 @@ state lives under the work directory, so a second run reuses the cached dataset 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -38,16 +40,13 @@ BUCKET = "flowgrpo"
 STORAGE_ROOT = f"s3://{BUCKET}"
 DEFAULT_UI_PORT = 5000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_TASK_START = re.compile(r" - INFO - Executing task '([^']+)'")
-_TASK_END = re.compile(r" - (?:INFO|ERROR) - Task '([^']+)' finished with status (\w+)")
-_CACHE_HIT = re.compile(r" - INFO - Task (\S+) cache hit")
 # Library chatter a person does not need on the terminal (it stays in the log): MLflow's run links and
 # download bars, warnings with their source lines.
 _NOISE = re.compile(r"^(🏃 View run|🧪 View experiment|Downloading artifacts|warnings\.warn\()|Warning: |"
                    r"core_worker\.cc|Found credentials in|Found endpoint for|\(TrainController |"
                    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow|^Successfully registered model|^Created version")
 _RAY_PREFIX = re.compile(r"^\(RayTrainWorker pid=\d+\) ")
-_KFP_LOG = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - ")
+_KFP_LOG = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - ")  # a log record in kfp.local's format: log file only
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Failed|Cancelled|Interrupt)): (.+)$")
 
 
@@ -69,7 +68,11 @@ class LocalRunResult:
 class _Progress:
     """Stands in for sys.stdout while kfp.local runs: every line goes to the run's log file; a person sees
     each step start and end (with its duration), what the step itself prints, and why a step failed.
-    kfp's own chatter (executor input JSON, output listings, tracebacks) stays in the log."""
+    kfp's own chatter (executor input JSON, output listings, tracebacks) stays in the log.
+
+    Which step runs, whether it succeeded and whether the cache answered for it come as calls to
+    ``task_started``, ``task_cached`` and ``task_finished`` (see ``_kfp_task_events``), never from kfp's log text;
+    what comes through ``write`` is only text, and only a running step's own output is shown."""
 
     def __init__(self, log_path: Path, terminal) -> None:
         self.log = open(log_path, "a", encoding="utf-8")
@@ -82,6 +85,26 @@ class _Progress:
         self.failed: list[tuple[str, str | None]] = []
         self.seconds: dict[str, float] = {}
         self.shown = ""
+
+    def task_started(self, name: str) -> None:
+        self.task, self.started, self.last_error, self.in_json = name, time.monotonic(), None, False
+        self._show(f"▶ {name}")
+
+    def task_cached(self, name: str) -> None:
+        self.seconds[name] = 0.0
+        self._show(f"✓ {name} (cached: the same inputs as an earlier run)")
+
+    def task_finished(self, name: str, succeeded: bool) -> None:
+        if self.buffer:  # the step's last line, unterminated: still its output
+            self.write("\n")
+        took = time.monotonic() - self.started
+        self.seconds[name] = took
+        if succeeded:
+            self._show(f"✓ {name} ({took:.1f} s)")
+        else:
+            self.failed.append((name, self.last_error))
+            self._show(f"✗ {name} failed after {took:.1f} s: {self.last_error or 'see the log'}")
+        self.task = None
 
     def write(self, text: str) -> int:
         self.log.write(text)
@@ -106,26 +129,7 @@ class _Progress:
         self.terminal.flush()
 
     def _line(self, line: str) -> None:
-        if m := _TASK_START.search(line):
-            self.task, self.started, self.last_error = m.group(1), time.monotonic(), None
-            self._show(f"▶ {self.task}")
-            return
-        if m := _CACHE_HIT.search(line):
-            self.seconds[m.group(1)] = 0.0
-            self._show(f"✓ {m.group(1)} (cached: the same inputs as an earlier run)")
-            return
-        if m := _TASK_END.search(line):
-            name, state = m.group(1), m.group(2)
-            took = time.monotonic() - self.started
-            self.seconds[name] = took
-            if state == "SUCCESS":
-                self._show(f"✓ {name} ({took:.1f} s)")
-            else:
-                self.failed.append((name, self.last_error))
-                self._show(f"✗ {name} failed after {took:.1f} s: {self.last_error or 'see the log'}")
-            self.task = None
-            return
-        if self.task is None:
+        if self.task is None:  # kfp.local's own output between steps
             return
         text = _RAY_PREFIX.sub("", line.strip())
         if self.in_json:
@@ -220,15 +224,66 @@ def _stop_descendants(before: set[int], grace_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def _cache_hits_to(progress: _Progress) -> Iterator[None]:
-    """kfp.local logs a cache hit at INFO on the root logger outside its own log handler (so by default it is
-    dropped): route those records to the progress display."""
-    class Hits(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if "cache hit" in (message := record.getMessage()):
-                progress.write(f"{time.strftime('%H:%M:%S')}.000 - INFO - {message}\n")
+def _kfp_task_events(progress: _Progress) -> Iterator[None]:
+    """Tell ``progress`` when each kfp.local task starts, ends (and how) or is answered by the cache.
 
-    root, handler = logging.getLogger(), Hits(logging.INFO)
+    kfp.local reports these only as log text (f-strings with ANSI colours: no record args to read), so the
+    events come from the two calls of kfp.local's that they are about, wrapped while the pipeline runs:
+
+    - ``task_executor.execute_single_task(task_name=...)``, which both of kfp.local's DAG orchestrators call
+      for every task (the exit handler's too) and which owns the cache lookup and the retries: it gives the
+      task's name and returns its ``Status``; a task that succeeded without starting a step process was
+      answered by the cache (the pipeline has no importer tasks);
+    - ``SubprocessTaskHandler.run``, the step's process itself: its start and end bracket the step's own
+      output, and it returns the attempt's ``Status`` (one ▶ line per attempt when a step is retried).
+
+    Both are kfp internals, as the log wording is, but a renamed one fails the run at once (below), where a
+    reworded log line would silently show no progress; kfp is pinned to 2.17.x (pyproject.toml). Events the
+    steps wrote themselves would miss cache hits (no step runs) and steps killed before they could write."""
+    import kfp
+    from kfp.local import status, subprocess_task_handler
+    from kfp.local.orchestrator import task_executor
+
+    handler = subprocess_task_handler.SubprocessTaskHandler
+    execute, run = getattr(task_executor, "execute_single_task", None), getattr(handler, "run", None)
+    if execute is None or run is None:
+        raise LocalRunError(f"kfp {kfp.__version__}: kfp.local has no task_executor.execute_single_task or "
+                            "SubprocessTaskHandler.run, which pipeline/local_run.py follows steps by")
+    bind = inspect.signature(execute).bind
+    current = threading.local()  # kfp.local runs a ParallelFor's iterations in threads
+
+    def execute_single_task(*args, **kwargs):
+        current.task, current.ran = bind(*args, **kwargs).arguments["task_name"], False
+        outputs, task_status = execute(*args, **kwargs)
+        if task_status == status.Status.SUCCESS and not current.ran:
+            progress.task_cached(current.task)
+        return outputs, task_status
+
+    def run_step(self):
+        name, current.ran = getattr(current, "task", "step"), True
+        progress.task_started(name)
+        task_status = run(self)  # an exception (Ctrl-C) ends no step: nothing is shown for it
+        progress.task_finished(name, task_status == status.Status.SUCCESS)
+        return task_status
+
+    task_executor.execute_single_task, handler.run = execute_single_task, run_step
+    try:
+        yield
+    finally:
+        task_executor.execute_single_task, handler.run = execute, run
+
+
+@contextlib.contextmanager
+def _kfp_records_to_log(progress: _Progress) -> Iterator[None]:
+    """kfp.local logs some records (a cache hit, a skipped task, the workspace cleaned up) on the root logger
+    outside its own log handler, so by default they are dropped: keep them in the run's log file (only)."""
+    class ToLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not progress.log.closed:
+                progress.log.write(self.format(record) + "\n")
+
+    root, handler = logging.getLogger(), ToLog(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d - %(levelname)s - %(message)s", "%H:%M:%S"))
     level = root.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
@@ -237,6 +292,14 @@ def _cache_hits_to(progress: _Progress) -> Iterator[None]:
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
+
+
+@contextlib.contextmanager
+def _following_kfp_local(progress: _Progress) -> Iterator[None]:
+    """While kfp.local runs a pipeline: its output (the steps' included) into ``progress``, its task events
+    to ``progress``'s calls."""
+    with contextlib.redirect_stdout(progress), _kfp_task_events(progress), _kfp_records_to_log(progress):
+        yield
 
 
 def _task_output(job_dir: Path, task: str) -> dict:
@@ -290,7 +353,7 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
             log(f"pipeline: prepare dataset -> deploy reward server -> train -> evaluate -> register "
                 f"(log: {log_path})")
             progress = _Progress(log_path, sys.stdout)
-            with contextlib.redirect_stdout(progress), warnings.catch_warnings(), _cache_hits_to(progress):
+            with _following_kfp_local(progress), warnings.catch_warnings():
                 # kfp.local warns that the images are not used and that k8s settings are ignored: both known.
                 warnings.simplefilter("ignore")
                 pipeline = build_pipeline(eval_gpus=0, retries=False)
@@ -299,7 +362,7 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
             progress.close()
             job_dir = _newest_job(workdir / "pipeline-root")
             if progress.failed:
-                step, reason = next((f for f in progress.failed if f[0] != "exit-handler-1"), progress.failed[0])
+                step, reason = progress.failed[0]  # the first failed step (teardown, the exit task, runs last)
                 raise LocalRunError(f"step {step!r} failed: {reason or 'no error line'}; its output is in "
                                     f"{log_path}")
             url, report, lora, registered = _results(job_dir, ui_port)

@@ -2,8 +2,8 @@
 Ray; then what it left (S3 objects, MLflow runs, the registered model, the report), the cached dataset step
 on a second run, Ctrl-C, and a failing training step that still tears the reward server down."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: kfp reads the test components' annotations as types.
+import io
 import json
 import os
 import re
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from kfp import dsl
 
-from pipeline.local_run import BUCKET, local_services, patched_environ
+from pipeline.local_run import BUCKET, _following_kfp_local, _Progress, local_services, patched_environ
 
 pytestmark = pytest.mark.slow
 CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
@@ -49,6 +50,53 @@ def first_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     done = subprocess.run(_flowgrpo(workdir, *CONFIG), capture_output=True, text=True, timeout=900,
                           env=_clean_env())
     return workdir, done
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def echo_step(text: str) -> str:
+    print(f"echo says {text}")
+    return text
+
+
+@dsl.component(base_image="python:3.11", install_kfp_package=False)
+def failing_step(text: str):
+    print("about to fail")
+    raise ValueError(f"no good: {text}")
+
+
+@dsl.pipeline(name="progress-events")
+def _two_steps(text: str):
+    failing_step(text=echo_step(text=text).output)
+
+
+def test_progress_lines_come_from_kfp_local_task_events(tmp_path):
+    """The step lines come from kfp.local's task calls (not its log text): a step that runs, one that fails
+    (with the error its output ends with), and the first one again answered by the cache."""
+    from kfp import local
+    from kfp.local import subprocess_task_handler
+    from kfp.local.orchestrator import task_executor
+
+    hooked = (task_executor.execute_single_task, subprocess_task_handler.SubprocessTaskHandler.run)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"),
+               workspace_root=str(tmp_path / "workspace"), raise_on_error=False, enable_caching=True,
+               cache_root=str(tmp_path / "cache"))
+    shown, runs = [], []
+    for _ in range(2):
+        terminal = io.StringIO()
+        progress = _Progress(tmp_path / "run.log", terminal)
+        with _following_kfp_local(progress):
+            _two_steps(text="hello")
+        progress.close()
+        shown.append(terminal.getvalue())
+        runs.append(progress)
+    failed = r"▶ failing-step\n  about to fail\n✗ failing-step failed after \d+\.\d s: ValueError: no good: hello\n"
+    assert re.fullmatch(r"▶ echo-step\n  echo says hello\n✓ echo-step \(\d+\.\d s\)\n" + failed, shown[0]), shown[0]
+    assert re.fullmatch(r"✓ echo-step \(cached: the same inputs as an earlier run\)\n" + failed, shown[1]), shown[1]
+    assert [p.failed for p in runs] == [[("failing-step", "ValueError: no good: hello")]] * 2
+    assert runs[1].seconds["echo-step"] == 0.0 and runs[0].seconds["echo-step"] > 0
+    log = (tmp_path / "run.log").read_text()
+    assert "Got executor_input" in log and "Task echo-step cache hit" in log  # kfp's own lines: in the log only
+    assert (task_executor.execute_single_task, subprocess_task_handler.SubprocessTaskHandler.run) == hooked
 
 
 def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_run):
