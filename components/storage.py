@@ -12,6 +12,9 @@ writes go to a temporary name and are renamed into place.
 Every object written here carries its SHA-256 in the metadata key ``sha256``; downloads recompute it and
 raise :class:`ChecksumMismatchError` on a difference. Objects written by other tools carry none and are
 read unverified.
+
+A finished folder is published whole or not at all (:func:`publish_folder`): its files first, then a
+manifest of their sizes and SHA-256, which :func:`complete_manifest` checks on read.
 """
 
 from __future__ import annotations
@@ -49,8 +52,7 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 60.0
 
 SHA256_METADATA_KEY = "sha256"
-MANIFEST_NAME = "_MANIFEST.json"
-LATEST_NAME = "latest"
+MANIFEST_NAME = "_MANIFEST.json"  # written last into a published folder
 _TMP_SUFFIX = ".flowgrpo-tmp"
 _HASH_BLOCK = 8 * 1024 * 1024
 
@@ -79,8 +81,8 @@ class ChecksumMismatchError(StorageError):
     """Downloaded bytes do not match the SHA-256 recorded when the object was uploaded."""
 
 
-class CheckpointPublishError(StorageError):
-    """A checkpoint cannot be published (bad name, unreadable directory)."""
+class FolderPublishError(StorageError):
+    """A folder cannot be published (bad name, not a directory, a reserved file name in it)."""
 
 
 # --------------------------------------------------------------------------------------------- locations
@@ -105,7 +107,7 @@ def _parse(uri: str | os.PathLike[str]) -> _S3 | Path:
         return _S3(bucket, key)
     if uri.startswith("file://"):
         return Path(unquote(urlsplit(uri).path))
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", uri):
+    if is_uri(uri):
         raise StorageError(f"unsupported URI scheme in {uri!r}: use s3://bucket/key or a local path")
     return Path(uri)
 
@@ -113,6 +115,15 @@ def _parse(uri: str | os.PathLike[str]) -> _S3 | Path:
 def is_remote(uri: str | os.PathLike[str]) -> bool:
     """Whether ``uri`` names object storage rather than the local file system."""
     return isinstance(_parse(uri), _S3)
+
+
+_URI_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(text: str) -> bool:
+    """Whether ``text`` is written as a URI (``scheme://...``, any scheme) rather than a plain path. Such text
+    belongs to this module (e.g. :func:`local_copy`), which takes ``s3://`` and ``file://`` and rejects others."""
+    return _URI_SCHEME.match(text) is not None
 
 
 def join(prefix: str | os.PathLike[str], *parts: str) -> str:
@@ -521,22 +532,23 @@ def delete(uri: str) -> None:
         client.delete_object(Bucket=loc.bucket, Key=loc.key)
 
 
-# --------------------------------------------------------------------------------------------- checkpoints
+# --------------------------------------------------------------------------------------------- published folders
 
 
-def publish_checkpoint(local_dir: str | os.PathLike[str], uri_prefix: str, name: str | None = None) -> str:
-    """Upload a checkpoint directory to ``uri_prefix/<name>/`` (name defaults to the directory's name), then
-    its manifest, then the ``uri_prefix/latest`` pointer, in that order, so a reader never sees a pointer to
-    a partial checkpoint. Returns the checkpoint's URI."""
+def publish_folder(local_dir: str | os.PathLike[str], uri_prefix: str, name: str | None = None) -> str:
+    """Upload the finished folder ``local_dir`` to ``uri_prefix/<name>/`` (name defaults to the directory's
+    name) so that readers see it whole or not at all: its files first, then ``MANIFEST_NAME`` listing each
+    file's size and SHA-256, written last (:func:`complete_manifest` checks it). Publishing over an existing
+    folder withdraws its manifest before anything else. Returns the folder's URI."""
     root = Path(local_dir)
     name = name or root.name
     if not root.is_dir():
-        raise CheckpointPublishError(f"cannot publish {root}: not a directory")
-    if not name or "/" in name or name in (".", "..", LATEST_NAME):
-        raise CheckpointPublishError(f"cannot publish {root}: invalid checkpoint name {name!r}")
+        raise FolderPublishError(f"cannot publish {root}: not a directory")
+    if not name or "/" in name or name in (".", ".."):
+        raise FolderPublishError(f"cannot publish {root}: invalid folder name {name!r}")
     files = {rel: path for rel, path in _local_files(root)}
     if MANIFEST_NAME in files:
-        raise CheckpointPublishError(f"cannot publish {root}: it contains a file named {MANIFEST_NAME} (reserved)")
+        raise FolderPublishError(f"cannot publish {root}: it contains a file named {MANIFEST_NAME} (reserved)")
     target = join(uri_prefix, name)
     # Re-publishing a name: drop its old manifest first so a half-overwritten copy never looks complete.
     delete(join(target, MANIFEST_NAME))
@@ -545,44 +557,28 @@ def publish_checkpoint(local_dir: str | os.PathLike[str], uri_prefix: str, name:
         manifest["files"][rel] = {"size": path.stat().st_size, "sha256": _sha256_file(path)}
         _put_file(path, join(target, rel))
     put_bytes(json.dumps(manifest, indent=1, sort_keys=True).encode(), join(target, MANIFEST_NAME))
-    put_bytes(name.encode(), join(uri_prefix, LATEST_NAME))
-    log.info("published checkpoint %s (%d files)", target, len(files))
+    log.info("published %s (%d files)", target, len(files))
     return target
 
 
-def _complete_manifest(uri_prefix: str, name: str) -> dict | None:
-    """The manifest of checkpoint ``name`` if every file it lists is present with its size, else None."""
-    target = join(uri_prefix, name)
+def complete_manifest(uri: str) -> dict | None:
+    """The manifest of the folder published at ``uri`` (its ``name``, ``published_at`` and ``files``) when
+    every file it lists is present with its recorded size; None when it has no readable manifest or is
+    incomplete."""
     try:
-        manifest = json.loads(get_bytes(join(target, MANIFEST_NAME)))
+        manifest = json.loads(get_bytes(join(uri, MANIFEST_NAME)))
     except (ObjectNotFoundError, ChecksumMismatchError, ValueError):
         return None
-    present = _sizes(target)
+    present = _sizes(uri)
     files = manifest.get("files", {}) if isinstance(manifest, dict) else {}
     if all(present.get(rel) == meta.get("size") for rel, meta in files.items()):
         return manifest
-    log.warning("checkpoint %s is incomplete: files listed in its manifest are missing or truncated", target)
+    log.warning("%s is incomplete: files listed in its manifest are missing or truncated", uri)
     return None
 
 
-def latest_checkpoint(uri_prefix: str) -> str | None:
-    """URI of the checkpoint the ``latest`` pointer names if it is complete; otherwise of the most recently
-    published complete checkpoint under ``uri_prefix``; None when there is none."""
-    try:
-        pointed = get_bytes(join(uri_prefix, LATEST_NAME)).decode().strip()
-    except (ObjectNotFoundError, ChecksumMismatchError, UnicodeDecodeError):
-        pointed = ""
-    if pointed and "/" not in pointed and _complete_manifest(uri_prefix, pointed) is not None:
-        return join(uri_prefix, pointed)
-    if pointed:
-        log.warning("checkpoint %r named by %s is incomplete; looking for an older complete one",
-                    pointed, join(uri_prefix, LATEST_NAME))
-    names = {rel[: -len(MANIFEST_NAME) - 1] for rel in _sizes(uri_prefix)
-             if rel.endswith("/" + MANIFEST_NAME) and rel.count("/") == 1}
-    best: tuple[float, str] | None = None
-    for name in names - {pointed}:
-        manifest = _complete_manifest(uri_prefix, name)
-        if manifest is not None:
-            candidate = (float(manifest.get("published_at", 0.0)), name)
-            best = max(best, candidate) if best else candidate
-    return join(uri_prefix, best[1]) if best else None
+def published_folders(uri_prefix: str) -> set[str]:
+    """Names of the folders directly under ``uri_prefix`` that carry a manifest, complete or not (one
+    listing; check each with :func:`complete_manifest`)."""
+    return {rel[: -len(MANIFEST_NAME) - 1] for rel in _sizes(uri_prefix)
+            if rel.endswith("/" + MANIFEST_NAME) and rel.count("/") == 1}

@@ -46,7 +46,7 @@ def _attr(spec: tuple[str, str]):
 def _load_diffusers(path: str, dtype: torch.dtype):
     from components import storage
 
-    root = storage.local_copy(path) if "://" in path else Path(path)
+    root = storage.local_copy(path) if storage.is_uri(path) else Path(path)
     index = root / "model_index.json"
     if not root.is_dir():
         raise ModelLoadError(f"model.path: {path} is not a directory (a diffusers pipeline saved with save_pretrained)")

@@ -29,7 +29,7 @@ def local_path(path: str, arg: str) -> Path:
     (``s3://...``) is fetched once into the local cache (``components.storage.local_copy``)."""
     if not isinstance(path, str) or not path:
         raise ValueError(f"{arg} must be a non-empty path, got {path!r}")
-    if "://" in path:
+    if storage.is_uri(path):
         return storage.local_copy(path)
     resolved = Path(path).expanduser()
     if not resolved.exists():

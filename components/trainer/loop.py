@@ -213,7 +213,8 @@ class Trainer:
 
     def __init__(self, config: TrainingJobConfig, output: RunOutput | str | Path,
                  log: Callable[[str], None] = status_line, tracker: NullTracker | None = None,
-                 collective: Collective | None = None) -> None:
+                 collective: Collective | None = None, rows: list[PromptRow] | None = None) -> None:
+        """``rows``: the prompts of ``config.data`` when the caller has loaded them already."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.collective = collective or Collective()
         check_world_size(config, self.collective.world_size)
@@ -222,7 +223,7 @@ class Trainer:
         self.output.prepare(fresh=False)
         self.log = log
         self.tracker = tracker or NullTracker()
-        self.rows = load_prompt_rows(config.data)
+        self.rows = load_prompt_rows(config.data) if rows is None else rows
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False)
         try:  # a `diffusers` kind's family is known only now; reject its meaningless settings before training
@@ -401,11 +402,13 @@ class Trainer:
 
 def run_worker(config: TrainingJobConfig, out: RunOutput, *, log: Callable[[str], None] = status_line,
                tracker: NullTracker | None = None, collective: Collective | None = None,
-               start: tuple[str, ckpt.TrainerState] | None = None) -> TrainResult:
+               start: tuple[str, ckpt.TrainerState] | None = None,
+               rows: list[PromptRow] | None = None) -> TrainResult:
     """One trainer process (or one of N data-parallel workers) from the newest checkpoint under ``out``, or
     from scratch when there is none; the same call serves a first start and a restart after a failure.
-    ``start`` is that checkpoint's (URI, state) when the caller has read it already."""
-    trainer = Trainer(config, out, log=log, tracker=tracker, collective=collective)
+    ``start`` is that checkpoint's (URI, state) when the caller has read it already, ``rows`` the prompts of
+    ``config.data`` when it has loaded them."""
+    trainer = Trainer(config, out, log=log, tracker=tracker, collective=collective, rows=rows)
     if start is None:
         latest = ckpt.latest_checkpoint(out.uri)
         start = (latest, ckpt.read_checkpoint(latest)) if latest is not None else None

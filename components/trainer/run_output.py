@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from components import storage
 from components.errors import RunOutputError
 from components.tracking.replay import FinishedRun
+from components.trainer import checkpoint as ckpt
 
 # What a run writes under its output (also read by the pipeline steps, which must not import torch).
 FINAL_LORA_DIR = "lora"
@@ -160,6 +161,6 @@ def read_finished_run(uri: str | os.PathLike[str]) -> FinishedRun:
     return FinishedRun(
         uri=out.uri, config=config, metrics=_metrics(out), samples=_samples(out), lora_dir=_final_lora(out),
         lineage={str(k): str(v) for k, v in (record.get("lineage") or {}).items()},
-        latest_checkpoint=storage.latest_checkpoint(out.uri_of("checkpoints")),
+        latest_checkpoint=ckpt.latest_checkpoint(out.uri),
         started_at_ms=record.get("started_at_ms"),
     )

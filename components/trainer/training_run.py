@@ -80,7 +80,8 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
                            parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
-        lineage = lineage_tags(dumped, [r.prompt for r in load_prompt_rows(config.data)], dataset_hash(config.data))
+        rows = load_prompt_rows(config.data)  # loaded once: for the lineage and for the trainer in this process
+        lineage = lineage_tags(dumped, [r.prompt for r in rows], dataset_hash(config.data))
         tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
         if start is None:
             write_run_record(out, lineage)
@@ -89,7 +90,7 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
             run_on_ray(config, out, workers, tracker, log)
             result = _collect(out, tracker)
         else:
-            result = run_worker(config, out, log=log, tracker=tracker, start=start)
+            result = run_worker(config, out, log=log, tracker=tracker, start=start, rows=rows)
         _register(tracker, config, out, lineage, log)
         status = "FINISHED"
         return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
@@ -146,78 +147,85 @@ def test_checksum_mismatch_detected(seaweed: SeaweedS3, raw, tmp_path: Path) -> 
     assert list(tmp_path.iterdir()) == []  # nor does its temporary file
 
 
-def make_checkpoint(base: Path, name: str, step: int) -> Path:
+def make_folder(base: Path, name: str, step: int) -> Path:
     return write_tree(base / name, {"lora.safetensors": os.urandom(50_000) + bytes([step]),
                                     "optimizer.pt": os.urandom(20_000), "state/trainer.json": b'{"step": %d}' % step})
 
 
-def test_publish_and_latest_checkpoint(root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    prefix = f"{root}/checkpoints"
-    assert storage.latest_checkpoint(prefix) is None
+def test_publish_folder_is_seen_complete_or_not_at_all(root: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = f"{root}/published"
+    assert storage.published_folders(prefix) == set()
+    assert storage.complete_manifest(f"{prefix}/one") is None
 
-    one = make_checkpoint(tmp_path, "step-1", 1)
-    assert storage.publish_checkpoint(one, prefix) == f"{prefix}/step-1"
-    assert storage.latest_checkpoint(prefix) == f"{prefix}/step-1"
-    two = make_checkpoint(tmp_path, "step-2", 2)
-    storage.publish_checkpoint(two, prefix)
-    assert storage.latest_checkpoint(prefix) == f"{prefix}/step-2"
-    storage.download_dir(f"{prefix}/step-2", tmp_path / "restored")
+    one = make_folder(tmp_path, "one", 1)
+    assert storage.publish_folder(one, prefix) == f"{prefix}/one"
+    manifest = storage.complete_manifest(f"{prefix}/one")
+    assert manifest is not None and manifest["name"] == "one"
+    assert manifest["files"] == {rel: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+                                 for rel, data in read_tree(one).items()}
+    assert storage.published_folders(prefix) == {"one"}
+    storage.download_dir(f"{prefix}/one", tmp_path / "restored")
     restored = read_tree(tmp_path / "restored")
-    assert restored.pop(storage.MANIFEST_NAME)
-    assert restored == read_tree(two)
+    # the manifest's bytes, as every earlier release wrote them (a published folder must stay readable)
+    assert restored.pop(storage.MANIFEST_NAME) == json.dumps(manifest, indent=1, sort_keys=True).encode()
+    assert restored == read_tree(one)
+    assert storage.publish_folder(one, prefix, "renamed") == f"{prefix}/renamed"
+    assert storage.complete_manifest(f"{prefix}/renamed")["name"] == "renamed"
 
-    # Interrupt the next publish after its first file: the pointer must keep naming step-2.
+    # Interrupt the next publish after its first file: the folder is not complete.
     real_put_file, calls = storage._put_file, []
 
     def failing_put_file(src: Path, uri: str) -> None:
         calls.append(uri)
         if len(calls) == 2:
-            raise ConnectionError("network went away mid-checkpoint")
+            raise ConnectionError("network went away mid-upload")
         real_put_file(src, uri)
 
     with monkeypatch.context() as m, pytest.raises(ConnectionError):
         m.setattr(storage, "_put_file", failing_put_file)
-        storage.publish_checkpoint(make_checkpoint(tmp_path, "step-3", 3), prefix)
-    assert len(storage.list(f"{prefix}/step-3")) == 1  # really half-uploaded
-    assert storage.get_bytes(f"{prefix}/latest") == b"step-2"
-    assert storage.latest_checkpoint(prefix) == f"{prefix}/step-2"
+        storage.publish_folder(make_folder(tmp_path, "two", 2), prefix)
+    assert len(storage.list(f"{prefix}/two")) == 1  # really half-uploaded
+    assert storage.complete_manifest(f"{prefix}/two") is None
+    # Its files uploaded by hand, without a manifest, do not publish it either.
+    storage.upload_dir(tmp_path / "two", f"{prefix}/two")
+    assert storage.complete_manifest(f"{prefix}/two") is None
+    assert storage.published_folders(prefix) == {"one", "renamed"}
 
-    # Files of step-3 uploaded by hand, without its manifest, do not make it a checkpoint either.
-    storage.upload_dir(tmp_path / "step-3", f"{prefix}/step-3")
-    storage.put_bytes(b"step-3", f"{prefix}/latest")  # even if a pointer names it
-    assert storage.latest_checkpoint(prefix) == f"{prefix}/step-2"
+    # A file listed in the manifest disappears, or is truncated: the folder is no longer complete.
+    storage.delete(f"{prefix}/one/optimizer.pt")
+    assert storage.complete_manifest(f"{prefix}/one") is None
+    storage.put_bytes(b"short", f"{prefix}/renamed/optimizer.pt")
+    assert storage.complete_manifest(f"{prefix}/renamed") is None
+    assert storage.published_folders(prefix) == {"one", "renamed"}  # they still carry their manifests
 
+    # Re-publishing a complete folder is interrupted: its old manifest was withdrawn first.
+    three = make_folder(tmp_path, "three", 3)
+    storage.publish_folder(three, prefix)
+    assert storage.complete_manifest(f"{prefix}/three") is not None
 
-def test_latest_falls_back_when_pointer_names_incomplete(root: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    prefix = f"{root}/ckpts"
-    storage.publish_checkpoint(make_checkpoint(tmp_path, "a", 1), prefix)
-    storage.publish_checkpoint(make_checkpoint(tmp_path, "b", 2), prefix)
-    storage.publish_checkpoint(make_checkpoint(tmp_path, "c", 3), prefix)
-
-    # A file of the pointed-to checkpoint disappears: the newest complete one (b) is returned instead.
-    storage.delete(f"{prefix}/c/optimizer.pt")
-    assert storage.latest_checkpoint(prefix) == f"{prefix}/b"
-
-    # Re-publishing b is interrupted: its old manifest was withdrawn first, so b no longer counts.
     def broken_put_file(src: Path, uri: str) -> None:
         raise OSError("disk gone")
 
     with monkeypatch.context() as m, pytest.raises(OSError, match="disk gone"):
         m.setattr(storage, "_put_file", broken_put_file)
-        storage.publish_checkpoint(tmp_path / "b", prefix)
-    assert storage.latest_checkpoint(prefix) == f"{prefix}/a"
-
-    storage.delete(f"{prefix}/a/{storage.MANIFEST_NAME}")
-    assert storage.latest_checkpoint(prefix) is None
+        storage.publish_folder(three, prefix)
+    assert storage.complete_manifest(f"{prefix}/three") is None
+    assert "three" not in storage.published_folders(prefix)
 
 
-def test_publish_rejects_reserved_names(root: str, tmp_path: Path) -> None:
-    with pytest.raises(storage.CheckpointPublishError, match="invalid checkpoint name"):
-        storage.publish_checkpoint(make_checkpoint(tmp_path, "latest", 1), f"{root}/c")
-    with pytest.raises(storage.CheckpointPublishError, match="not a directory"):
-        storage.publish_checkpoint(tmp_path / "nope", f"{root}/c")
+def test_publish_folder_rejects_bad_input(root: str, tmp_path: Path) -> None:
+    with pytest.raises(storage.FolderPublishError, match="not a directory"):
+        storage.publish_folder(tmp_path / "nope", f"{root}/c")
+    folder = make_folder(tmp_path, "f", 1)
+    for name in (".", "..", "a/b"):
+        with pytest.raises(storage.FolderPublishError, match="invalid folder name"):
+            storage.publish_folder(folder, f"{root}/c", name)
+    (folder / storage.MANIFEST_NAME).write_bytes(b"{}")
+    with pytest.raises(storage.FolderPublishError, match=f"{storage.MANIFEST_NAME} \\(reserved\\)"):
+        storage.publish_folder(folder, f"{root}/c")
     assert storage.list(f"{root}/c") == []
+    assert issubclass(storage.FolderPublishError, storage.StorageError)
 
 
 def assert_no_secret(exc: BaseException, *secrets: str) -> None:
@@ -275,7 +283,8 @@ def test_unreachable_endpoint(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatc
     uri = f"s3://{seaweed.bucket}/x.bin"
     (tmp_path / "f").write_bytes(b"1")
     for call in (lambda: storage.get_bytes(uri), lambda: storage.put_file(tmp_path / "f", uri),
-                 lambda: storage.latest_checkpoint(f"s3://{seaweed.bucket}/ck")):
+                 lambda: storage.complete_manifest(f"s3://{seaweed.bucket}/ck"),
+                 lambda: storage.published_folders(f"s3://{seaweed.bucket}/ck")):
         start = time.monotonic()
         with pytest.raises(storage.EndpointUnreachableError, match=f"127.0.0.1:{port} is unreachable") as info:
             call()
