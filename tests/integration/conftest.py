@@ -1,5 +1,6 @@
 """Services shared by the integration modules: one real SeaweedFS and one real MLflow server per session."""
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +47,13 @@ def env(services, s3_env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> di
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     return values
+
+
+@pytest.fixture(params=["s3", "path", "file-uri"])
+def root(request: pytest.FixtureRequest, seaweed: SeaweedS3, tmp_path: Path) -> str:
+    """A fresh folder in each notation the storage API accepts."""
+    if request.param == "s3":
+        return f"s3://{seaweed.bucket}/t-{uuid.uuid4().hex[:10]}"
+    if request.param == "path":
+        return str(tmp_path / "store")
+    return (tmp_path / "store").as_uri()

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 
 import pytest
+from storage_trees import read_tree, write_tree
 
 from components import storage
 from components.launch.process import free_ports
@@ -20,27 +20,6 @@ from pipeline.services.seaweed import SeaweedS3
 def _s3(s3_env: SeaweedS3) -> SeaweedS3:
     """Every test here talks to the session's SeaweedFS (tests/integration/conftest.py)."""
     return s3_env
-
-
-@pytest.fixture(params=["s3", "path", "file-uri"])
-def root(request: pytest.FixtureRequest, seaweed: SeaweedS3, tmp_path: Path) -> str:
-    """A fresh folder in each notation the API accepts."""
-    if request.param == "s3":
-        return f"s3://{seaweed.bucket}/t-{uuid.uuid4().hex[:10]}"
-    if request.param == "path":
-        return str(tmp_path / "store")
-    return (tmp_path / "store").as_uri()
-
-
-def write_tree(base: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        (base / rel).parent.mkdir(parents=True, exist_ok=True)
-        (base / rel).write_bytes(data)
-    return base
-
-
-def read_tree(base: Path) -> dict[str, bytes]:
-    return {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
 
 
 def make_checkpoint(base: Path, name: str, step: int) -> Path:

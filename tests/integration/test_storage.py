@@ -14,6 +14,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
+from storage_trees import read_tree, write_tree
 
 from components import storage
 from components.errors import FlowGRPOError
@@ -35,27 +36,6 @@ def raw(seaweed: SeaweedS3):
     return boto3.client("s3", endpoint_url=seaweed.endpoint, aws_access_key_id=seaweed.access_key,
                         aws_secret_access_key=seaweed.secret_key, region_name=seaweed.region,
                         config=Config(s3={"addressing_style": "path"}))
-
-
-@pytest.fixture(params=["s3", "path", "file-uri"])
-def root(request: pytest.FixtureRequest, seaweed: SeaweedS3, tmp_path: Path) -> str:
-    """A fresh folder in each notation the API accepts."""
-    if request.param == "s3":
-        return f"s3://{seaweed.bucket}/t-{uuid.uuid4().hex[:10]}"
-    if request.param == "path":
-        return str(tmp_path / "store")
-    return (tmp_path / "store").as_uri()
-
-
-def write_tree(base: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        (base / rel).parent.mkdir(parents=True, exist_ok=True)
-        (base / rel).write_bytes(data)
-    return base
-
-
-def read_tree(base: Path) -> dict[str, bytes]:
-    return {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
 
 
 def test_bytes_round_trip(root: str) -> None:
