@@ -144,8 +144,9 @@ def test_submit_uploads_once_creates_experiment_and_run(kfp_server, monkeypatch,
     spec, platform = yaml.safe_load_all(state.uploads[1])
     assert "secretAsEnv" in json.dumps(platform)
     assert spec["pipelineInfo"]["name"] == "flowgrpo"
-    assert set(spec["root"]["inputDefinitions"]["parameters"]) == {"config", "overrides", "storage_root",
-                                                                    "ray_workers"}
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert set(inputs) == {"config", "overrides", "storage_root", "ray_workers", "launcher"}
+    assert inputs["launcher"]["defaultValue"] == "kubernetes"  # a cluster run starts its parts on the cluster
     (experiment,) = state.experiments.values()
     assert experiment["display_name"] == "ci-flowgrpo"
     (run,) = state.runs
@@ -160,6 +161,7 @@ def test_submit_uploads_once_creates_experiment_and_run(kfp_server, monkeypatch,
     assert params["config"] == "train:\n  epochs: 3\n"
     assert params["overrides"] == ["sampling.group_size=4"]
     assert params["storage_root"] == "s3://bucket/fg"
+    assert "launcher" not in params
     assert all(h.get("authorization") == "Bearer tok-123" for _, _, h in state.requests)
 
     # The same code again: the version is reused (no upload), the experiment found, a second run created.
