@@ -58,7 +58,7 @@ def _tiny_tokenizers():
     """The project's tokenizer builders, loaded by file path: the vLLM venv has no flowgrpo package."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "components" / "trainer" / "models" / "tiny_tokenizers.py"
+    path = Path(__file__).resolve().parents[2] / "components" / "models" / "tiny_tokenizers.py"
     spec = importlib.util.spec_from_file_location("tiny_tokenizers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
