@@ -15,16 +15,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
 from components.console import status_line
 from components.errors import LaunchError
-from components.launch.kubernetes.reward_server import reward_server_name
+from components.launch.kubernetes.reward_server import DeployableConfig, reward_server_name
 from components.launch.process import free_ports, is_running, log_tail, start_detached, stop_group
-from components.reward_server.settings import Batching, Limits, settings_yaml
-from components.rewards.config import RewardSpec
+from components.reward_server.settings import settings_yaml
 
 Log = Callable[[str], None]
 RECORDS = "reward-servers"
@@ -32,19 +31,6 @@ RECORDS = "reward-servers"
 # that stopped them from loading, and waiting longer cannot help.
 LOADING = "rewards are still loading"
 POLL_S = 0.2
-
-
-class _Deploy(Protocol):
-    limits: Limits
-    batching: Batching
-    ready_timeout_s: float
-
-
-class LocalServerConfig(Protocol):
-    """What a local reward server needs of an experiment config."""
-
-    rewards: list[RewardSpec]
-    reward_deploy: _Deploy
 
 
 def _folder(state_dir: Path) -> Path:
@@ -77,7 +63,7 @@ def _readiness(url: str) -> bool | str:
     return False if detail == LOADING else detail
 
 
-def start_local(config: LocalServerConfig, *, name: str, state_dir: Path, timeout_s: float | None = None,
+def start_local(config: DeployableConfig, *, name: str, state_dir: Path, timeout_s: float | None = None,
                 log: Log = status_line) -> str:
     """Start ``python -m components.reward_server`` for the training rewards on a free 127.0.0.1 port, wait for
     /readyz and return its URL. A server of that name already running with the same settings is reused; one with
@@ -149,17 +135,11 @@ class LocalLauncher:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
 
-    def __repr__(self) -> str:
-        return f"LocalLauncher({str(self.state_dir)!r})"
-
-    def start_reward_server(self, config: LocalServerConfig, run_id: str, log: Log = status_line) -> str:
+    def start_reward_server(self, config: DeployableConfig, run_id: str, log: Log = status_line) -> str:
         return start_local(config, name=reward_server_name(run_id), state_dir=self.state_dir, log=log)
 
     def stop_reward_server(self, config: Any, run_id: str, log: Log = status_line) -> None:
         stop_local(reward_server_name(run_id), self.state_dir, log=log)
-
-    def stop_all(self, log: Log = status_line) -> None:
-        stop_all_local(self.state_dir, log)
 
     def train(self, config: Any, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
               log: Log = status_line) -> None:

@@ -77,28 +77,19 @@ def stop_group(pid: int, alive: Callable[[], bool], grace_s: float = STOP_GRACE_
     return not alive()
 
 
-def _start(args: list[str], *, log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen:
-    # Its own session: stopping it reaches every process it starts, and the caller's Ctrl-C does not. No
-    # inherited pipes: a runner reading the caller's stdout to its end would otherwise wait for it too.
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-
 @contextlib.contextmanager
 def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path: Path, what: str,
                     ready: Callable[[], bool], timeout_s: float) -> Iterator[subprocess.Popen]:
     """Start ``args`` with its output in ``log_path``, wait until ``ready()``, yield it, then stop its whole process
     group (also when it died on its own). ServiceError with the log's tail when it exits or is not ready in time."""
-    proc = _start(args, log_path=log_path, env=env, cwd=cwd)
+    proc = start_detached(args, log_path=log_path, env=env, cwd=cwd)
     try:
         deadline = time.monotonic() + timeout_s
         while not ready():
             problem = (f"exited with {proc.returncode}" if proc.poll() is not None
                        else f"was not ready within {timeout_s:g} s" if time.monotonic() > deadline else None)
             if problem:
-                tail = log_path.read_bytes()[-2000:].decode(errors="replace")
-                raise ServiceError(f"{what} {problem}; the end of {log_path}:\n{tail}")
+                raise ServiceError(f"{what} {problem}; the end of {log_path}:\n{log_tail(log_path)}")
             time.sleep(0.2)
         yield proc
     finally:
@@ -108,9 +99,15 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def start_detached(args: list[str], *, log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    """Start ``args`` so that it outlives this process; find it again with ``is_running(pid, marker)``."""
-    return _start(args, log_path=log_path, env=env)
+def start_detached(args: list[str], *, log_path: Path, env: dict[str, str], cwd: Path | None = None
+                   ) -> subprocess.Popen:
+    """Start ``args`` with its output in ``log_path``, in a session of its own: stopping its group reaches every
+    process it starts, the caller's Ctrl-C does not, and it may outlive the caller (find it again with
+    ``is_running(pid, marker)``). No inherited pipes: a runner reading the caller's stdout to its end would
+    otherwise wait for it too."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def is_running(pid: int, marker: str) -> bool:

@@ -20,9 +20,6 @@ class KubernetesLauncher:
     def __init__(self, host: str | None = None) -> None:
         self.host = host
 
-    def __repr__(self) -> str:
-        return f"KubernetesLauncher({self.host!r})"
-
     def start_reward_server(self, config: Any, run_id: str, log: Log = status_line) -> str:
         return deploy_to_kubernetes(config, name=reward_server_name(run_id), namespace=config.cluster.namespace,
                                     run_id=run_id, log=log, host=self.host)
