@@ -18,6 +18,7 @@ from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
 from components.reward_server import entry as reward_server_entry
 from components.trainer import entry as trainer_entry
 from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline.local_run import DEFAULT_UI_PORT
 from pipeline.steps import run_output
 
 
@@ -114,12 +115,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     status_line(f"local run of {args.config} in {args.workdir}")
     result = run_local(config, workdir=args.workdir, ray_workers=args.ray_workers, ui_port=args.ui_port)
     took = sum(result.step_seconds.values())
-    print(f"pipeline run {result.run_name} finished ({took:.0f} s in steps)")
-    print(f"MLflow run: {result.mlflow_run_url or 'tracking off'}  (serve it: flowgrpo ui --workdir {args.workdir}"
-          f" --port {args.ui_port})")
+    port = f" --port {args.ui_port}" if args.ui_port != DEFAULT_UI_PORT else ""
+    ui = f"flowgrpo ui --workdir {args.workdir}{port}"
+    print(f"pipeline run {result.run_name} finished ({took:.0f} s in steps); its results are in {result.results}")
+    print(f"LoRA: {result.lora_path}")
+    print(f"  load it: pipe.load_lora_weights(\"{result.lora_path}\")  (the same files: {result.lora_uri})")
     print(f"report: {result.report_path}")
-    print(f"LoRA: {result.lora_uri}")
+    print(f"samples: {result.results / 'samples'}")
     print(f"registered model: {result.registered or 'not registered'}")
+    print(f"MLflow run: {result.mlflow_run_url or 'tracking off'}")
+    print(f"  open it with `{ui}` running (metrics, sample images, the registered model)")
     print(f"log: {result.log_path}")
     return 0
 
@@ -260,14 +265,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the S3 data, MLflow database, pipeline outputs and logs live (default ./.flowgrpo)")
     p.add_argument("--ray-workers", type=int, default=1, metavar="N",
                    help="Ray Train workers for the training step (default 1; 0 trains in the step's process)")
-    p.add_argument("--ui-port", type=int, default=5000, help="the port `flowgrpo ui` serves on (for the printed URL)")
+    p.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT,
+                   help="the port `flowgrpo ui` serves on: the run's MLflow listens there too when it is free, so "
+                        "the links printed during the run keep working (default %(default)s)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ui", help="serve MLflow over the state of local runs",
                        description="Start SeaweedFS and the MLflow UI over --workdir (what `run --local` left), "
                                    "with the sample images and reports, until Ctrl-C.")
     p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"), help="the local runs' work directory")
-    p.add_argument("--port", type=int, default=5000, help="MLflow UI port (default 5000)")
+    p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help="MLflow UI port (default %(default)s)")
     p.set_defaults(func=cmd_ui)
 
     p = sub.add_parser("replay-mlflow", help="log a finished run output into MLflow (after an outage)",

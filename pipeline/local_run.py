@@ -11,6 +11,8 @@ state lives under the work directory, so a second run reuses the cached dataset 
     WORKDIR/pipeline-root/ kfp.local task outputs (the report HTML), WORKDIR/kfp-cache/ its cache
     WORKDIR/reward-servers/ the reward server's record and log while it runs
     WORKDIR/logs/<run>.log everything every step printed
+    WORKDIR/runs/<run id>/ what a person looks at: lora/, samples/, eval/ (report.html), metrics.jsonl,
+                           config.yaml, copied from the run's output in S3 (checkpoints stay there)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 
 from components.console import status_line
 from components.errors import FlowGRPOError
+from components.launch.process import port_is_free
 from pipeline.config import ExperimentConfig, dump_config
 
 BUCKET = "flowgrpo"
@@ -42,7 +45,9 @@ DEFAULT_UI_PORT = 5000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Library chatter a person does not need on the terminal (it stays in the log): MLflow's run links and
 # download bars, warnings with their source lines.
+# Ray's dashboard link too: it dies with the run's Ray, unlike the MLflow links `flowgrpo ui` serves again.
 _NOISE = re.compile(r"^(🏃 View run|🧪 View experiment|Downloading artifacts|warnings\.warn\()|Warning: |"
+                   r"View the dashboard at |"
                    r"core_worker\.cc|Found credentials in|Found endpoint for|\(TrainController |"
                    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow|^Successfully registered model|^Created version")
 _RAY_PREFIX = re.compile(r"^\(RayTrainWorker pid=\d+\) ")
@@ -58,11 +63,19 @@ class LocalRunError(FlowGRPOError):
 class LocalRunResult:
     run_name: str
     mlflow_run_url: str | None
-    report_path: Path | None
-    lora_uri: str | None
+    results: Path  # WORKDIR/runs/<run id>
+    lora_uri: str
     registered: str | None
     log_path: Path
     step_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def lora_path(self) -> Path:
+        return self.results / "lora"
+
+    @property
+    def report_path(self) -> Path:
+        return self.results / "eval" / "report.html"
 
 
 class _Progress:
@@ -307,18 +320,28 @@ def _task_output(job_dir: Path, task: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _results(job_dir: Path, ui_port: int) -> tuple[str | None, Path | None, str | None, str | None]:
-    """(MLflow parent run URL as `flowgrpo ui` serves it, report path, LoRA URI, registered NAME/VERSION)."""
-    from components.tracking.pipeline_runs import parent_run_of
+def _results(job_dir: Path, ui_port: int) -> tuple[str | None, str, str | None]:
+    """(MLflow pipeline run URL as `flowgrpo ui` serves it, LoRA URI, registered NAME/VERSION)."""
+    from components.tracking.pipeline_runs import parent_run_url
 
     model = _task_output(job_dir, "train").get("artifacts", {}).get("model", {}).get("artifacts", [{}])[0]
-    lora = model.get("uri")
-    report = next((p for p in (job_dir / "evaluate").glob("report*") if p.is_file()), None) \
-        if (job_dir / "evaluate").is_dir() else None
     registered = _task_output(job_dir, "register").get("parameterValues", {}).get("Output") or None
-    run = parent_run_of(job_dir.name)
-    url = f"http://127.0.0.1:{ui_port}/#/experiments/{run[0]}/runs/{run[1]}" if run else None
-    return url, report, lora, registered
+    return parent_run_url(job_dir.name, f"http://127.0.0.1:{ui_port}"), model["uri"], registered
+
+
+def copy_results(lora_uri: str, runs_dir: Path) -> Path:
+    """Copy what a person looks at from the run's output in S3 to ``runs_dir/<run id>`` (the output's own
+    name): the LoRA, the sample grids, the evaluation, the metrics and the config; checkpoints stay in S3."""
+    from components import storage
+    from components.trainer.run_output import CONFIG_FILE, FINAL_LORA_DIR, METRICS_FILE, SAMPLES_DIR
+
+    output = lora_uri.rstrip("/").removesuffix(f"/{FINAL_LORA_DIR}")
+    local = runs_dir / output.rsplit("/", 1)[1]
+    for folder in (FINAL_LORA_DIR, SAMPLES_DIR, "eval"):
+        storage.download_dir(storage.join(output, folder), local / folder)
+    for name in (METRICS_FILE, CONFIG_FILE):
+        storage.get_file(storage.join(output, name), local / name)
+    return local
 
 
 def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, ui_port: int = DEFAULT_UI_PORT,
@@ -340,13 +363,18 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
     log_path = workdir / "logs" / f"{run_name}.log"
     progress = None
     before = _children()
+    # MLflow on the port `flowgrpo ui` serves, so the links printed during the run keep working afterwards
+    mlflow_port = ui_port if port_is_free(ui_port) else None
     try:
-        with local_services(workdir, log=log) as service_env, patched_environ({
+        with local_services(workdir, mlflow_port=mlflow_port, log=log) as service_env, patched_environ({
             **service_env, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
             "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
             "RAY_TMPDIR": str(ray_tmp),
         }):
             tempfile.tempdir = str(scratch)
+            if mlflow_port is None:
+                log(f"port {ui_port} is in use: the MLflow links printed during this run work only while it runs; "
+                    f"afterwards `flowgrpo ui --workdir {workdir} --port {ui_port}` serves them")
             local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "pipeline-root"),
                        workspace_root=str(scratch / "workspace"), raise_on_error=False, enable_caching=True,
                        cache_root=str(workdir / "kfp-cache"))
@@ -365,12 +393,9 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
                 step, reason = progress.failed[0]  # the first failed step (teardown, the exit task, runs last)
                 raise LocalRunError(f"step {step!r} failed: {reason or 'no error line'}; its output is in "
                                     f"{log_path}")
-            url, report, lora, registered = _results(job_dir, ui_port)
-            if report is not None:  # the HTML artifact has no extension; keep a copy a browser opens as a page
-                copy = workdir / "reports" / job_dir.name / "report.html"
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                report = Path(shutil.copyfile(report, copy))
-            return LocalRunResult(job_dir.name, url, report, lora, registered, log_path, progress.seconds)
+            url, lora, registered = _results(job_dir, ui_port)
+            results = copy_results(lora, workdir / "runs")
+            return LocalRunResult(job_dir.name, url, results, lora, registered, log_path, progress.seconds)
     except KeyboardInterrupt:
         log("interrupted: stopping every process this run started")
         raise

@@ -135,14 +135,14 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     end."""
     from components.flowgrpo.metrics import describe_learning, learning_summary
     from components.tracking.pipeline_runs import child_run
-    from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, run_name
+    from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, STEP_RUN_NAME
 
     launcher.train(config, output, run_id=run_id, parent_run_id=parent_run_id, workers=ray_workers, log=log)
     history = read_history(storage.join(output, METRICS_FILE))
     if history:
         log(describe_learning(learning_summary(history)))
     last = history[-1] if history else {}
-    mlflow_run = child_run(parent_run_id, run_name(output)) if parent_run_id else None
+    mlflow_run = child_run(parent_run_id, STEP_RUN_NAME) if parent_run_id else None
     return TrainedRef(output, storage.join(output, FINAL_LORA_DIR), mlflow_run, last)
 
 

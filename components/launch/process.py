@@ -29,6 +29,16 @@ class ServiceError(FlowGRPOError):
     """A local service that did not start (the message carries the end of its log)."""
 
 
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on loopback ``port`` now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free loopback ports; all sockets are held together so no port is handed out twice."""
     socks = []

@@ -12,8 +12,9 @@ class TrackingConfig(Section):
 
     experiment: str = Field(default="flowgrpo", min_length=1, description="MLflow experiment name")
     sample_every: int = Field(default=10, ge=0,
-                              description="epochs between sample image grids (the last epoch too); 0 = none")
-    sample_images: int = Field(default=8, ge=1, le=64, description="images per sample grid, one per prompt")
+                              description="epochs between sample image grids (epoch 0, the base model, and the last "
+                                          "epoch too); 0 = none")
+    sample_images: int = Field(default=8, ge=1, le=64, description="most tiles per sample grid (one per prompt)")
     system_metrics: bool = Field(default=True, description="log CPU/GPU/memory/disk/network as system/* metrics")
     registered_model: str | None = Field(
         default="flowgrpo-lora", min_length=1,

@@ -6,13 +6,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from components.tracking.params import redact, short_error
-from components.tracking.server import mlflow_client, tracking_uri
+from components.tracking.server import PIPELINE_RUN_TAG, experiment_id, mlflow_client, run_url, tracking_uri
 
-PIPELINE_RUN_TAG = "flowgrpo.pipeline_run_id"
+_PARENT = "mlflow.parentRunId"
 
 
-def _runs_of(client, experiment_id: str, pipeline_run_id: str) -> list:
-    return client.search_runs([experiment_id], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'")
+def _parent_runs(client, experiments: list[str], tag_filter: str, max_results: int = 1000) -> list:
+    """The pipeline runs (not their steps' child runs, which carry the same tag) matching ``tag_filter``."""
+    runs = client.search_runs(experiments, tag_filter, max_results=max_results)
+    return [run for run in runs if _PARENT not in run.data.tags]
+
+
+def _runs_of(client, experiment: str, pipeline_run_id: str) -> list:
+    return _parent_runs(client, [experiment], f"tags.`{PIPELINE_RUN_TAG}` = '{pipeline_run_id}'")
 
 
 def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | None:
@@ -21,11 +27,10 @@ def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | No
     if tracking_uri() is None:
         return None
     client = mlflow_client()
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
-    if runs := _runs_of(client, experiment_id, pipeline_run_id):
+    experiment = experiment_id(client, experiment)
+    if runs := _runs_of(client, experiment, pipeline_run_id):
         return runs[0].info.run_id
-    run = client.create_run(experiment_id, run_name=run_name, tags={PIPELINE_RUN_TAG: pipeline_run_id})
+    run = client.create_run(experiment, run_name=run_name, tags={PIPELINE_RUN_TAG: pipeline_run_id})
     return run.info.run_id
 
 
@@ -51,15 +56,14 @@ def lineage_of(run_id: str) -> dict[str, str]:
     return {k: v for k, v in mlflow_client().get_run(run_id).data.tags.items() if k.startswith("flowgrpo.")}
 
 
-def parent_run_of(run_name: str) -> tuple[str, str] | None:
-    """(experiment id, run id) of the pipeline run named ``run_name`` (the KFP job name), if tracked."""
+def parent_run_url(run_name: str, server: str) -> str | None:
+    """The UI page on ``server`` of the pipeline run named ``run_name`` (the KFP job name), if tracked."""
     if tracking_uri() is None:
         return None
     client = mlflow_client()
     experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments, f"attributes.run_name = '{run_name}' and tags.`{PIPELINE_RUN_TAG}` != ''",
-                              max_results=1)
-    return (runs[0].info.experiment_id, runs[0].info.run_id) if runs else None
+    runs = _parent_runs(client, experiments, f"attributes.run_name = '{run_name}' and tags.`{PIPELINE_RUN_TAG}` != ''")
+    return run_url(server, runs[0].info.experiment_id, runs[0].info.run_id) if runs else None
 
 
 def child_run(parent_run_id: str, run_name: str) -> str | None:

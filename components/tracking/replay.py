@@ -20,8 +20,8 @@ import numpy as np
 
 from components.errors import TrackingError
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error
-from components.tracking.server import TRACKING_URI_ENV, mlflow_client, tracking_uri
-from components.tracking.tracker import metric_batch
+from components.tracking.server import TRACKING_URI_ENV, experiment_id, mlflow_client, run_url, tracking_uri
+from components.tracking.tracker import SAMPLES_KEY, metric_batch, send_image
 
 # MLflow takes at most 1000 metrics and 100 params per log_batch call
 _METRICS_PER_BATCH = 1000
@@ -78,11 +78,8 @@ class _Replay:
         except Exception as exc:  # MLflow raises its own, requests' and OSError types for the same outage
             raise TrackingError(f"MLflow at {self.uri}: {what} failed: {short_error(exc)}") from exc
 
-    def experiment_id(self, name: str) -> str:
-        found = self._call(f"finding experiment {name!r}", lambda: self.client.get_experiment_by_name(name))
-        if found is not None:
-            return found.experiment_id
-        return self._call(f"creating experiment {name!r}", lambda: self.client.create_experiment(name))
+    def experiment(self, name: str) -> str:
+        return self._call(f"finding or creating experiment {name!r}", lambda: experiment_id(self.client, name))
 
     def existing_runs(self, experiment_id: str) -> list:
         uri = redact(self.run.uri)
@@ -126,8 +123,8 @@ class _Replay:
         for i, (epoch, path) in enumerate(self.run.samples, 1):
             with Image.open(path) as img:
                 grid = np.asarray(img.convert("RGB"))
-            self._call(f"logging sample grid {path.name}", lambda g=grid, e=epoch: self.client.log_image(
-                self.run_id, g, key="samples", step=e, synchronous=True))
+            self._call(f"logging sample grid {path.name}", lambda g=grid, e=epoch, p=path: send_image(
+                self.client, self.run_id, g, SAMPLES_KEY, e, f"{SAMPLES_KEY}/{p.name}"))
             if time.monotonic() - last_said >= _PROGRESS_EVERY_S and i < total:
                 self.log(f"replay: {i}/{total} sample grids sent")
                 last_said = time.monotonic()
@@ -177,14 +174,14 @@ def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None
     tracking = run.config.get("tracking") or {}
     experiment = experiment or tracking.get("experiment") or "flowgrpo"
     replay = _Replay(uri, run, log)
-    experiment_id = replay.experiment_id(experiment)
-    existing = replay.existing_runs(experiment_id)
+    exp_id = replay.experiment(experiment)
+    existing = replay.existing_runs(exp_id)
     if existing and not force:
         ids = ", ".join(f"{r.info.run_id} ({r.info.status})" for r in existing)
         raise TrackingError(f"{redact(run.uri)} is already in MLflow experiment {experiment!r} as run {ids}; "
                             "pass --force to log another copy")
     log(f"replay: {redact(run.uri)} -> MLflow experiment {experiment!r} at {replay.uri} as run {run_name!r}")
-    replay.create(experiment_id, run_name)
+    replay.create(exp_id, run_name)
     try:
         params = replay.params()
         values = replay.metrics()
@@ -204,5 +201,4 @@ def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None
         log("replay: the output has no final lora/ (the run did not finish); the MLflow run is marked FAILED")
     elif version is None:
         log("replay: LoRA logged as artifacts under lora/")
-    url = f"{replay.uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{replay.run_id}"
-    return Replayed(replay.run_id, url, status, version)
+    return Replayed(replay.run_id, run_url(replay.uri, exp_id, replay.run_id), status, version)

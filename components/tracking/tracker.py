@@ -22,9 +22,17 @@ from typing import Any
 import numpy as np
 
 from components.tracking.params import redact, short_error
-from components.tracking.server import TRACKING_URI_ENV, mlflow_client, tracking_uri
+from components.tracking.server import (
+    PIPELINE_RUN_TAG,
+    TRACKING_URI_ENV,
+    experiment_id,
+    mlflow_client,
+    run_url,
+    tracking_uri,
+)
 
 PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
+SAMPLES_KEY = "samples"  # the sample grids' MLflow image key, and their folder among the run's artifacts
 FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
 OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
 DEFAULT_FLUSH_TIMEOUT_S = 120.0
@@ -56,6 +64,13 @@ def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
 
 
+def send_image(client: Any, run_id: str, image: np.ndarray, key: str, step: int, artifact_file: str) -> None:
+    """Log ``image`` as ``artifact_file`` (a stable name in the artifact tree) and under ``key`` at ``step``
+    (generated names under images/, which the image cards of MLflow's chart view read)."""
+    client.log_image(run_id, image, artifact_file=artifact_file)
+    client.log_image(run_id, image, key=key, step=step, synchronous=True)
+
+
 class NullTracker:
     """Tracking off (no MLFLOW_TRACKING_URI): every call is a no-op."""
 
@@ -65,7 +80,7 @@ class NullTracker:
     def log_params(self, params: dict[str, str]) -> None: ...
     def set_tags(self, tags: dict[str, str]) -> None: ...
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None: ...
-    def log_image(self, image: np.ndarray, key: str, step: int) -> None: ...
+    def log_image(self, image: np.ndarray, key: str, step: int, artifact_file: str) -> None: ...
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def call(self, what: str, fn: Callable[[str], None]) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
@@ -95,7 +110,8 @@ class MlflowTracker(NullTracker):
         self._submit("open run", self._open_run)
         self._thread.start()
         wait = float(os.environ.get(OPEN_TIMEOUT_ENV, DEFAULT_OPEN_TIMEOUT_S))
-        if self._opened.wait(wait) and self.url:
+        # a tracker that does not own its run (a Ray worker's) logs into one whose owner has shown its URL
+        if self._opened.wait(wait) and self.url and owns_run:
             self.log(f"MLflow run {self.run_id}: {self.url}")
         # otherwise the worker has said, or will say once its request fails, why there is no run yet
 
@@ -156,18 +172,19 @@ class MlflowTracker(NullTracker):
     # -- operations ----------------------------------------------------------------------------------
     def _open_run(self) -> None:
         if self.run_id is None:
-            experiment = self.client.get_experiment_by_name(self._experiment)
-            experiment_id = (experiment.experiment_id if experiment is not None
-                             else self.client.create_experiment(self._experiment))
-            tags = {"mlflow.parentRunId": self._parent} if self._parent else {}
-            if self._parent:
-                self.client.get_run(self._parent)  # a wrong parent id is a permanent error, not an orphan
-            run = self.client.create_run(experiment_id, run_name=self._run_name, tags=tags)
+            tags = {}
+            if self._parent:  # a wrong parent id is a permanent error, not an orphan
+                parent_tags = self.client.get_run(self._parent).data.tags
+                tags["mlflow.parentRunId"] = self._parent
+                if PIPELINE_RUN_TAG in parent_tags:  # every run of a pipeline run carries its id
+                    tags[PIPELINE_RUN_TAG] = parent_tags[PIPELINE_RUN_TAG]
+            run = self.client.create_run(experiment_id(self.client, self._experiment), run_name=self._run_name,
+                                         tags=tags)
             self.run_id = run.info.run_id
         else:
             run = self.client.get_run(self.run_id)
             self.client.update_run(self.run_id, status="RUNNING")
-        self.url = f"{self.uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{self.run_id}"
+        self.url = run_url(self.uri, run.info.experiment_id, self.run_id)
         if self._system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
@@ -194,9 +211,10 @@ class MlflowTracker(NullTracker):
         batch = metric_batch(metrics, step, int(time.time() * 1000))
         self._submit(f"metrics of step {step}", lambda: self.client.log_batch(self.run_id, metrics=batch))
 
-    def log_image(self, image: np.ndarray, key: str, step: int) -> None:
-        self._submit(f"image {key} of step {step}",
-                     lambda: self.client.log_image(self.run_id, image, key=key, step=step, synchronous=True))
+    def log_image(self, image: np.ndarray, key: str, step: int, artifact_file: str) -> None:
+        """See ``send_image``."""
+        self._submit(f"image {artifact_file}",
+                     lambda: send_image(self.client, self.run_id, image, key, step, artifact_file))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Upload a file as a run artifact (e.g. the evaluation report); the file must stay until close()."""
@@ -237,15 +255,20 @@ class MlflowTracker(NullTracker):
                      "them as a run once MLflow is back")
 
 
+def resolve_parent_run(given: str | None = None) -> str | None:
+    """The MLflow run to log under: ``given``, else $FLOWGRPO_MLFLOW_PARENT_RUN_ID (set by the pipeline step
+    that owns the pipeline run's MLflow run), else none."""
+    return given or os.environ.get(PARENT_RUN_ENV) or None
+
+
 def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, parent_run_id: str | None = None,
                  system_metrics: bool = True, owns_run: bool = True,
                  log: Callable[[str], None] = print) -> NullTracker:
-    """An MLflow tracker when $MLFLOW_TRACKING_URI is set, else a no-op one. The parent run id comes from
-    the argument or $FLOWGRPO_MLFLOW_PARENT_RUN_ID (set by the pipeline step that owns the parent run)."""
+    """An MLflow tracker when $MLFLOW_TRACKING_URI is set, else a no-op one; a child of
+    ``resolve_parent_run(parent_run_id)`` when there is one."""
     uri = tracking_uri()
     if not uri:
         log(f"MLflow tracking off ({TRACKING_URI_ENV} is not set)")
         return NullTracker()
-    parent = parent_run_id or os.environ.get(PARENT_RUN_ENV) or None
-    return MlflowTracker(uri, experiment, run_name, parent_run_id=parent, run_id=run_id,
+    return MlflowTracker(uri, experiment, run_name, parent_run_id=resolve_parent_run(parent_run_id), run_id=run_id,
                          system_metrics=system_metrics, owns_run=owns_run, log=log)

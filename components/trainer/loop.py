@@ -34,7 +34,7 @@ from components.rewards.scoring import (
     combine,
     concat_outputs,
 )
-from components.tracking.tracker import NullTracker
+from components.tracking.tracker import SAMPLES_KEY, NullTracker
 from components.trainer import checkpoint as ckpt
 from components.trainer.collective import Collective
 from components.trainer.compilation import compile_transformer
@@ -201,10 +201,12 @@ def _epoch_metrics(outputs: dict[str, RewardOutput], combined: np.ndarray, advan
         row[f"reward/{key}/mean"], row[f"reward/{key}/std"] = stats(out.scores)
         row[f"reward/{key}/failed_fraction"] = out.failed / len(out.errors) if out.errors else 0.0
     row.update(group_statistics(torch.from_numpy(combined), group_ids.cpu()))
-    row["advantage/mean"] = float(advantages.mean())
-    row["advantage/abs_mean"] = float(advantages.abs().mean())
-    row["advantage/max"] = float(advantages.max())
-    row["advantage/min"] = float(advantages.min())
+    # under update/ (the update's input), not advantage/: MLflow shows metric sections in name order, and
+    # reward/ is what a person opens a run for
+    row["update/advantage_mean"] = float(advantages.mean())
+    row["update/advantage_abs_mean"] = float(advantages.abs().mean())
+    row["update/advantage_max"] = float(advantages.max())
+    row["update/advantage_min"] = float(advantages.min())
     return row
 
 
@@ -357,19 +359,22 @@ class Trainer:
             "images_per_s": len(combined) / (t3 - t0),
         })
         every = cfg.tracking.sample_every
-        if world.is_main and every and (self.epoch % every == 0 or self.epoch == cfg.train.epochs):
-            self._log_samples(rollout, combined[local])
+        if world.is_main and every:
+            if self.epoch == 1:  # sampled before any update (the LoRA starts at zero): the base model, as epoch 0
+                self._log_samples(rollout, combined[local], 0)
+            if self.epoch % every == 0 or self.epoch == cfg.train.epochs:
+                self._log_samples(rollout, combined[local], self.epoch)
         return row
 
-    def _log_samples(self, rollout: Rollout, combined: np.ndarray) -> None:
-        chosen = pick_samples(rollout.prompt_index.cpu().numpy(), self.config.tracking.sample_images)
-        grid = sample_grid(rollout.images[chosen], [rollout.prompts[int(rollout.prompt_index[i])] for i in chosen],
-                           [float(combined[i]) for i in chosen])
-        rel = f"{SAMPLES_DIR}/{ckpt.checkpoint_name(self.epoch)}.png"
+    def _log_samples(self, rollout: Rollout, combined: np.ndarray, epoch: int) -> None:
+        prompts = [rollout.prompts[int(i)] for i in rollout.prompt_index]
+        chosen = pick_samples(prompts, self.config.tracking.sample_images)
+        grid = sample_grid(rollout.images[chosen], [prompts[i] for i in chosen], [float(combined[i]) for i in chosen])
+        name = f"{ckpt.checkpoint_name(epoch)}.png"
         (self.output.local / SAMPLES_DIR).mkdir(exist_ok=True)
-        Image.fromarray(grid).save(self.output.local / rel)
-        self.output.publish(rel)
-        self.tracker.log_image(grid, key="samples", step=self.epoch)
+        Image.fromarray(grid).save(self.output.local / SAMPLES_DIR / name)
+        self.output.publish(f"{SAMPLES_DIR}/{name}")
+        self.tracker.log_image(grid, key=SAMPLES_KEY, step=epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
 
     def fit(self) -> TrainResult:
         """Train to ``train.epochs``. Only the main worker writes metrics, checkpoints and the LoRA."""

@@ -76,9 +76,12 @@ class RunOutput:
         return (self.local / rel).is_file()
 
 
+STEP_RUN_NAME = "train"  # a pipeline run's training run: the parent MLflow run carries the pipeline run's name
+
+
 def run_name(uri: str) -> str:
-    """The MLflow run name of a run writing to ``uri``: the output's last path part."""
-    return PurePosixPath(str(uri).rstrip("/")).name or "train"
+    """The MLflow run name of a standalone run writing to ``uri``: the output's last path part."""
+    return PurePosixPath(str(uri).rstrip("/")).name or STEP_RUN_NAME
 
 
 def write_run_record(out: RunOutput, lineage: dict[str, str]) -> None:

@@ -14,12 +14,13 @@ BACKGROUND = (255, 255, 255)
 TEXT = (0, 0, 0)
 
 
-def pick_samples(prompt_index: np.ndarray, n: int) -> list[int]:
-    """Indices of the first sample of each of the first ``n`` distinct prompts (groups)."""
-    chosen: dict[int, int] = {}
-    for i, g in enumerate(prompt_index.tolist()):
-        if g not in chosen:
-            chosen[g] = i
+def pick_samples(prompts: list[str], n: int) -> list[int]:
+    """Indices of the first sample of each of the first ``n`` distinct prompts (``prompts[i]`` is sample i's):
+    one tile per prompt, also when an epoch drew a prompt for more than one group."""
+    chosen: dict[str, int] = {}
+    for i, prompt in enumerate(prompts):
+        if prompt not in chosen:
+            chosen[prompt] = i
             if len(chosen) == n:
                 break
     return list(chosen.values())

@@ -15,7 +15,7 @@ from components.errors import CheckpointError
 from components.flowgrpo.metrics import MetricsFile
 from components.registry.versions import register_lora_version
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_tags, redact
-from components.tracking.tracker import NullTracker, open_tracker
+from components.tracking.tracker import NullTracker, open_tracker, resolve_parent_run
 from components.trainer import checkpoint as ckpt
 from components.trainer.config import TrainingJobConfig
 from components.trainer.loop import TrainResult, check_world_size, run_worker
@@ -24,6 +24,7 @@ from components.trainer.run_output import (
     CONFIG_FILE,
     FINAL_LORA_DIR,
     METRICS_FILE,
+    STEP_RUN_NAME,
     RunOutput,
     run_name,
     write_run_record,
@@ -75,9 +76,10 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
     dumped = config.model_dump(mode="json") if record is None else record
     out, start = _open_output(dumped, output, resume)
     t = config.tracking
-    tracker = open_tracker(t.experiment, run_name(out.uri),
+    parent = resolve_parent_run(parent_run_id)
+    tracker = open_tracker(t.experiment, STEP_RUN_NAME if parent else run_name(out.uri),
                            run_id=start[1].mlflow_run_id if start else None,
-                           parent_run_id=parent_run_id, system_metrics=t.system_metrics and not workers, log=log)
+                           parent_run_id=parent, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
         rows = load_prompt_rows(config.data)  # loaded once: for the lineage and for the trainer in this process

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.launch.process import free_ports, running_process, venv_binary
+from components.launch.process import free_ports, port_is_free, running_process, venv_binary
 
 # The admin gRPC port is fixed relative to the admin http port inside weed.
 ADMIN_GRPC_OFFSET = 10000
@@ -45,23 +44,14 @@ class SeaweedS3:
         }
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_admin_port(taken: set[int]) -> int:
     """A free port p whose p + 10000 is free too (weed's worker dials the admin gRPC there)."""
     for _ in range(200):
         (port,) = free_ports(1)
         if port + ADMIN_GRPC_OFFSET > 65535:
             port = port % 50000 + 1024
-        if taken.isdisjoint({port, port + ADMIN_GRPC_OFFSET}) and _bindable(port) \
-                and _bindable(port + ADMIN_GRPC_OFFSET):
+        if taken.isdisjoint({port, port + ADMIN_GRPC_OFFSET}) and port_is_free(port) \
+                and port_is_free(port + ADMIN_GRPC_OFFSET):
             return port
     raise RuntimeError("no free port pair (p, p+10000) for the SeaweedFS admin server")
 

@@ -108,13 +108,24 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
     assert [m.group(1) for m in re.finditer(r"^▶ (\S+)$", out, re.M)] == STEPS
     assert re.search(r"^  .*epoch 3/3 reward", out, re.M)  # the training progress inside its step
     assert "Got executor_input" not in out  # kfp's chatter stays in the log file
-    printed = dict(re.findall(r"^(MLflow run|report|LoRA|registered model|log): (\S+)", out, re.M))
+    assert "View the dashboard" not in out and out.count("MLflow run ") == 2  # train and evaluate, once each
+    printed = dict(re.findall(r"^(MLflow run|report|LoRA|samples|registered model|log): (\S+)", out, re.M))
     report = Path(printed["report"])
     assert report.is_file() and report.suffix == ".html" and "brightness" in report.read_text()
     assert Path(printed["log"]).is_file() and "Got executor_input" in Path(printed["log"]).read_text()
-    lora = printed["LoRA"]
-    assert re.fullmatch(rf"s3://{BUCKET}/runs/[^/]+/lora", lora)
+    # The LoRA on this machine, in a folder named by the run id of its S3 output, with how to load it.
+    lora_path = Path(printed["LoRA"])
+    lora = re.search(r"^  load it: pipe\.load_lora_weights\(\"(.+)\"\)  \(the same files: (\S+)\)$", out, re.M)
+    assert lora and Path(lora.group(1)) == lora_path
+    lora = lora.group(2)
+    run_id = re.fullmatch(rf"s3://{BUCKET}/runs/([^/]+)/lora", lora).group(1)
+    assert lora_path == workdir.resolve() / "runs" / run_id / "lora"
+    assert report == lora_path.parent / "eval" / "report.html"
+    assert sorted(p.name for p in Path(printed["samples"]).iterdir()) == [f"epoch-00000{i}.png" for i in range(4)]
     assert printed["registered model"] == "flowgrpo-lora/1"
+    # The printed MLflow link opens the pipeline run on the port `flowgrpo ui` serves, in the model-training view.
+    assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+\?workflowType=machine_learning",
+                        printed["MLflow run"])
 
     # Nothing left running, no temporary files left behind.
     assert _processes_under(workdir) == []
@@ -138,18 +149,27 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert "url: http://127.0.0.1:" in config  # scored over HTTP by the run's reward server
 
         client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-        parent_id = printed["MLflow run"].rsplit("/", 1)[1]
+        parent_id = re.search(r"/runs/(\w+)\?", printed["MLflow run"]).group(1)
         parent = client.get_run(parent_id)
-        assert parent.info.status == "FINISHED" and "flowgrpo.pipeline_run_id" in parent.data.tags
+        assert parent.info.status == "FINISHED"
+        assert parent.info.run_name == re.search(r"^pipeline run (\S+) finished", out, re.M).group(1)
+        pipeline_run = parent.data.tags["flowgrpo.pipeline_run_id"]
+        experiment = client.get_experiment(parent.info.experiment_id)
+        assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # not a GenAI experiment
         children = client.search_runs([parent.info.experiment_id],
                                       f"tags.mlflow.parentRunId = '{parent_id}'")
         by_name = {r.info.run_name: r for r in children}
-        assert "evaluate" in by_name and len(children) == 2
-        (train_run,) = [r for r in children if r.info.run_name != "evaluate"]
+        assert sorted(by_name) == ["evaluate", "train"] and len(children) == 2  # named for what they are
+        assert {r.data.tags["flowgrpo.pipeline_run_id"] for r in children} == {pipeline_run}
+        train_run = by_name["train"]
         history = client.get_metric_history(train_run.info.run_id, "reward/mean")
         assert [m.step for m in history] == [1, 2, 3]
+        # Sample grids under stable names (epoch 0: the base model, before any update), and under MLflow's
+        # image key at their steps for the chart view's image card.
+        grids = [f.path for f in client.list_artifacts(train_run.info.run_id, "samples")]
+        assert grids == [f"samples/epoch-00000{i}.png" for i in range(4)]
         images = [f.path for f in client.list_artifacts(train_run.info.run_id, "images")]
-        assert any("samples+step+3+" in p for p in images)
+        assert {int(m.group(1)) for p in images if (m := re.search(r"samples\+step\+(\d+)\+", p))} == {0, 1, 2, 3}
         evaluate = by_name["evaluate"]
         assert "eval/brightness/delta" in evaluate.data.metrics
         assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
@@ -223,7 +243,7 @@ def test_ui_serves_mlflow_with_images_over_the_local_state(first_run):
         from mlflow import MlflowClient
 
         client = MlflowClient(f"http://127.0.0.1:{port}")
-        parent_id = re.search(r"^MLflow run: \S+/runs/(\w+)", done.stdout, re.M).group(1)
+        parent_id = re.search(r"^MLflow run: \S+/runs/(\w+)\?", done.stdout, re.M).group(1)
         (train_run,) = [r for r in client.search_runs([client.get_run(parent_id).info.experiment_id],
                                                       f"tags.mlflow.parentRunId = '{parent_id}'")
                         if r.info.run_name != "evaluate"]
@@ -250,12 +270,25 @@ def test_run_local_with_a_tiny_flux_config(first_run):
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [m.group(1) for m in re.finditer(r"^✓ (\S+)", done.stdout, re.M)] == STEPS
-    lora = re.search(r"^LoRA: (\S+)", done.stdout, re.M).group(1)
+    lora = Path(re.search(r"^LoRA: (\S+)", done.stdout, re.M).group(1))
     assert re.search(r"^registered model: tiny-flux-lora/\d+$", done.stdout, re.M)
-    from components import storage
-
-    with local_services(workdir) as env, patched_environ(env):
-        config = storage.get_bytes(lora[: -len("/lora")] + "/config.yaml").decode()
-        assert "kind: tiny-flux" in config and "guidance_scale: 3.5" in config
-        assert storage.exists(lora + "/pytorch_lora_weights.safetensors")
     assert _processes_under(workdir) == []
+    # The printed local LoRA loads into the base model the run's config.yaml describes, with its trained values.
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from components.models.config import ModelConfig
+    from components.models.generate import load_with_lora
+
+    config = yaml.safe_load((lora.parent / "config.yaml").read_text())
+    assert config["model"]["kind"] == "tiny-flux" and config["sampling"]["guidance_scale"] == 3.5
+    model = load_with_lora(ModelConfig.model_validate(config["model"]), config["seed"], lora)
+    saved = load_file(lora / "pytorch_lora_weights.safetensors")
+    loaded = {n: p for n, p in model.pipeline.transformer.named_parameters() if "lora_B" in n}
+    assert loaded
+    key = next(k for k in saved if "lora_B" in k)
+    suffix = key.removeprefix("transformer.").replace(".lora_B.weight", ".lora_B.")
+    (match,) = [p for n, p in loaded.items() if n.startswith(suffix)]
+    assert torch.equal(match.detach().cpu(), saved[key].to(match.dtype))
+    assert float(saved[key].abs().sum()) > 0  # trained: LoRA B starts at zero

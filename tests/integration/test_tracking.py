@@ -105,13 +105,14 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
     dumped = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert run.data.tags["flowgrpo.config_hash"] == hashlib.sha256(dumped.encode()).hexdigest()
     assert run.data.tags["flowgrpo.latest_checkpoint"] == f"s3://{s3.bucket}/{prefix}/checkpoints/epoch-000004"
-    for key in ("reward/mean", "reward/std", "reward/brightness/mean", "advantage/abs_mean", "zero_std_group_fraction",
-                "failed_fraction", "policy_loss", "kl", "approx_kl", "clipfrac", "grad_norm", "lr", "time/sampling",
-                "time/scoring", "time/training", "images_per_s"):
+    for key in ("reward/mean", "reward/std", "reward/brightness/mean", "update/advantage_abs_mean",
+                "zero_std_group_fraction", "failed_fraction", "policy_loss", "kl", "approx_kl", "clipfrac",
+                "grad_norm", "lr", "time/sampling", "time/scoring", "time/training", "images_per_s"):
         history = client.get_metric_history(run.info.run_id, key)
         assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in rows], key
     assert any(k.startswith("system/") for k in run.data.metrics)
-    assert _grid_steps(client, run.info.run_id) == [2, 4]
+    assert _grid_steps(client, run.info.run_id) == [0, 2, 4]  # 0: the base model, sampled before any update
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     secrets = (s3.secret_key, s3.access_key)
     assert not any(s in json.dumps([run.data.params, run.data.tags]) for s in secrets)
 
@@ -154,7 +155,7 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
     for key in live_keys:
         assert ([(m.step, m.value) for m in client.get_metric_history(copy.info.run_id, key)]
                 == [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]), key
-    assert _grid_steps(client, copy.info.run_id) == _grid_steps(client, run.info.run_id) == [2, 4]
+    assert _grid_steps(client, copy.info.run_id) == _grid_steps(client, run.info.run_id) == [0, 2, 4]
     (again,) = [v for v in client.search_model_versions(f"name='{model_name}'") if v.run_id == copy.info.run_id]
     assert replayed.registered_version == again.version and again.version != version.version
     assert again.tags["flowgrpo.lora_uri"] == version.tags["flowgrpo.lora_uri"]
@@ -165,9 +166,13 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
 
 
 def _grid_steps(client: MlflowClient, run_id: str) -> list[int]:
-    """The steps of the sample grids logged in a run (MLflow names them images/samples+step+N+...)."""
+    """The steps of the sample grids logged in a run: under MLflow's image key (images/samples+step+N+..., what
+    the chart view's image card reads), and under the same stable names as in the run output."""
     names = [f.path.split("/")[-1] for f in client.list_artifacts(run_id, "images")]
-    return sorted({int(n.split("+step+")[1].split("+")[0]) for n in names if n.startswith("samples+step+")})
+    steps = sorted({int(n.split("+step+")[1].split("+")[0]) for n in names if n.startswith("samples+step+")})
+    stable = [f.path for f in client.list_artifacts(run_id, "samples")]
+    assert stable == [f"samples/epoch-{step:06d}.png" for step in steps]
+    return steps
 
 
 KILLER = """
@@ -272,7 +277,8 @@ def test_a_server_never_reached_is_not_waited_for_at_the_end_and_the_run_is_repl
     assert "never reachable" in left and "metrics.jsonl" in left
     # nothing is lost: what MLflow would have held is in the run output
     assert [r["epoch"] for r in result.history] == [1, 2]
-    assert sorted(p.name for p in (tmp_path / "out" / "samples").iterdir()) == ["epoch-000001.png", "epoch-000002.png"]
+    assert sorted(p.name for p in (tmp_path / "out" / "samples").iterdir()) == [
+        "epoch-000000.png", "epoch-000001.png", "epoch-000002.png"]
     assert (result.lora_dir / ckpt.LORA_FILE).is_file()
 
     # once MLflow is there, the command line replays the output into it
@@ -290,7 +296,7 @@ def test_a_server_never_reached_is_not_waited_for_at_the_end_and_the_run_is_repl
     assert run.info.start_time == record["started_at_ms"]
     assert run.data.tags["flowgrpo.config_hash"] == record["lineage"]["flowgrpo.config_hash"]
     assert run.data.params["train.epochs"] == "2"
-    assert _grid_steps(client, run.info.run_id) == [1, 2]
+    assert _grid_steps(client, run.info.run_id) == [0, 1, 2]
     lora = Path(client.download_artifacts(run.info.run_id, f"lora/{ckpt.LORA_FILE}", str(tmp_path / "dl")))
     assert lora.read_bytes() == (result.lora_dir / ckpt.LORA_FILE).read_bytes()
 
@@ -391,3 +397,18 @@ def test_sqlite_tracking_uri_needs_no_server(tmp_path, monkeypatch: pytest.Monke
                                                     for r in result.history]
     (version,) = client.search_model_versions("name='local-lora'")
     assert version.run_id == run.info.run_id
+
+
+def test_experiments_are_model_training_ones_and_a_chosen_kind_is_kept(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from components.tracking.server import EXPERIMENT_KIND_TAG, experiment_id
+
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    created = experiment_id(client, "fresh")
+    assert client.get_experiment(created).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    older = client.create_experiment("made-before")  # e.g. by an older flowgrpo: no kind yet
+    assert experiment_id(client, "made-before") == older
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    assert experiment_id(client, "chosen") == chosen
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"

@@ -152,4 +152,4 @@ def test_gdpo_with_two_rewards_trains(small_config, tmp_path):
     )
     row = result.history[0]
     assert "reward/jpeg_incompressibility/mean" in row and "reward/brightness/mean" in row
-    assert row["advantage/mean"] == pytest.approx(0.0, abs=1e-6)
+    assert row["update/advantage_mean"] == pytest.approx(0.0, abs=1e-6)

@@ -41,7 +41,7 @@ def test_hanging_reward_times_out_is_recorded_and_training_continues(small_confi
     for row in result.history:
         assert row["reward/hang/failed_fraction"] == 1.0 and row["reward/brightness/failed_fraction"] == 0.0
         assert row["failed_fraction"] == 1.0  # every combined reward failed: no sample got an advantage
-        assert row["advantage/abs_mean"] == 0.0 and math.isfinite(row["policy_loss"])
+        assert row["update/advantage_abs_mean"] == 0.0 and math.isfinite(row["policy_loss"])
 
 
 def test_nan_rewards_are_excluded_end_to_end(small_config, tmp_path):
@@ -55,7 +55,7 @@ def test_nan_rewards_are_excluded_end_to_end(small_config, tmp_path):
         failed = row["reward/nan_odd/failed_fraction"]
         assert failed in (0.0, 0.5, 1.0)  # 2 prompts per epoch, each odd or even
         assert (row["reward/mean"] is None) == (failed == 1.0)
-        assert math.isfinite(row["advantage/abs_mean"]) and math.isfinite(row["policy_loss"])
+        assert math.isfinite(row["update/advantage_abs_mean"]) and math.isfinite(row["policy_loss"])
         assert math.isfinite(row["grad_norm"])
     assert any(row["reward/nan_odd/failed_fraction"] > 0 for row in result.history)
 
