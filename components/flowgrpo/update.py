@@ -13,7 +13,9 @@ from components.flowgrpo.loss import flow_grpo_loss
 from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.models.base import FlowMatchingModel
 
-PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")  # also logged per sampler step, e.g. clipfrac/step3
+# also logged per sampler step, e.g. update/clipfrac/step3: under update/ because MLflow shows metric sections in
+# name order, and reward/ must come first
+PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def policy_update(
                 (loss * scale).backward()
                 step = sampler.train_steps[t]
                 for k, v in metrics.items():
-                    for key in (k, f"{k}/step{step}") if k in PER_STEP_METRICS else (k,):
+                    for key in (k, f"update/{k}/step{step}") if k in PER_STEP_METRICS else (k,):
                         sums[key] = sums[key] + v
                         counts[key] += 1
             if (i + 1) % settings.gradient_accumulation_steps == 0:

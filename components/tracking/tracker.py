@@ -32,6 +32,7 @@ from components.tracking.server import (
 )
 
 PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
+PARENT_METRICS_PREFIX = "reward/"  # the metrics a child run also logs into its parent (see _runs_shown)
 SAMPLES_KEY = "samples"  # the sample grids' MLflow image key, and their folder among the run's artifacts
 FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
 OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
@@ -184,6 +185,7 @@ class MlflowTracker(NullTracker):
         else:
             run = self.client.get_run(self.run_id)
             self.client.update_run(self.run_id, status="RUNNING")
+            self._parent = run.data.tags.get("mlflow.parentRunId")  # a resumed run, a worker's: the same parent
         self.url = run_url(self.uri, run.info.experiment_id, self.run_id)
         if self._system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
@@ -208,13 +210,28 @@ class MlflowTracker(NullTracker):
         self._submit("set tags", lambda: self.client.log_batch(self.run_id, tags=batch))
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        """Log ``metrics`` at ``step``; the ``reward/*`` ones also into the parent run (see ``_runs_shown``)."""
         batch = metric_batch(metrics, step, int(time.time() * 1000))
-        self._submit(f"metrics of step {step}", lambda: self.client.log_batch(self.run_id, metrics=batch))
+
+        def send() -> None:
+            for run_id in self._runs_shown():
+                shown = batch if run_id == self.run_id else [m for m in batch
+                                                             if m.key.startswith(PARENT_METRICS_PREFIX)]
+                if shown:
+                    self.client.log_batch(run_id, metrics=shown)
+
+        self._submit(f"metrics of step {step}", send)
 
     def log_image(self, image: np.ndarray, key: str, step: int, artifact_file: str) -> None:
-        """See ``send_image``."""
-        self._submit(f"image {artifact_file}",
-                     lambda: send_image(self.client, self.run_id, image, key, step, artifact_file))
+        """See ``send_image``; also into the parent run (see ``_runs_shown``)."""
+        self._submit(f"image {artifact_file}", lambda: [
+            send_image(self.client, run_id, image, key, step, artifact_file) for run_id in self._runs_shown()])
+
+    def _runs_shown(self) -> list[str]:
+        """This run, and its parent when it has one: MLflow's experiment views show a pipeline run with its
+        steps' runs folded, so the pipeline run carries the reward curves and sample grids a person looks for
+        (the parent is only known once the run is open, hence a method called when an item is sent)."""
+        return [self.run_id, self._parent] if self._parent else [self.run_id]
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Upload a file as a run artifact (e.g. the evaluation report); the file must stay until close()."""

@@ -170,6 +170,12 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert grids == [f"samples/epoch-00000{i}.png" for i in range(4)]
         images = [f.path for f in client.list_artifacts(train_run.info.run_id, "images")]
         assert {int(m.group(1)) for p in images if (m := re.search(r"samples\+step\+(\d+)\+", p))} == {0, 1, 2, 3}
+        # The pipeline run shows the reward curves and the sample grids too: the experiment's views fold its
+        # steps' runs under it.
+        assert ([(m.step, m.value) for m in client.get_metric_history(parent_id, "reward/mean")]
+                == [(m.step, m.value) for m in history])
+        assert "reward/std" in parent.data.metrics and all(k.startswith("reward/") for k in parent.data.metrics)
+        assert [f.path for f in client.list_artifacts(parent_id, "samples")] == grids
         evaluate = by_name["evaluate"]
         assert "eval/brightness/delta" in evaluate.data.metrics
         assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")

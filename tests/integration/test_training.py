@@ -50,7 +50,7 @@ def test_metrics_file_and_checkpoints_are_written(small_config, tmp_path):
                 "clipfrac", "grad_norm", "lr", "zero_std_group_fraction", "failed_fraction", *TIMING_KEYS):
         assert key in rows[0], key
     # per-step means: 4 steps, timestep_fraction 0.99 -> steps 0..2 trained; their mean is the overall mean
-    per_step = [rows[0][f"clipfrac/step{s}"] for s in range(3)]
+    per_step = [rows[0][f"update/clipfrac/step{s}"] for s in range(3)]
     assert "clipfrac/step3" not in rows[0]
     assert sum(per_step) / 3 == pytest.approx(rows[0]["clipfrac"])
     assert ckpt.latest_checkpoint(tmp_path) == str(tmp_path / "checkpoints" / "epoch-000002")
