@@ -51,6 +51,8 @@ class Section(BaseModel):
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line: ``invalid config SOURCE: key.path: problem; ...``. ``source`` names where the mapping came from
+    (a file, ``env:NAME``, a phrase such as "from the pipeline's config parameter")."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
@@ -60,7 +62,9 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
             msg = f"{msg} (got {err['input']!r})"
         parts.append(f"{loc}: {msg}" if loc else msg)
-    return f"invalid config {source}: " + "; ".join(parts)
+    # A source that starts with the word itself (config.yaml) must not read "invalid config config.yaml".
+    lead = "invalid" if re.match(r"config\b", source) else "invalid config"
+    return f"{lead} {source}: " + "; ".join(parts)
 
 
 ENV_SOURCE = "env:"

@@ -23,8 +23,11 @@ from pipeline.steps import run_output
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG,
-                   help=f"experiment YAML (default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[2])})")
+    from pipeline.config import example_configs
+
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, metavar="FILE_OR_NAME",
+                   help=f"experiment YAML file, or the name of a shipped config ({', '.join(example_configs())}; "
+                        f"default: {DEFAULT_CONFIG.stem})")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value",
                    help="override config values, e.g. train.epochs=5 sampling.group_size=4")
 
@@ -50,6 +53,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from components.models.config import model_path_note
     from components.trainer.config import describe_batches, epoch_split_problems
 
     config = load_config(args.config, args.overrides)
@@ -57,9 +61,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     problems = epoch_split_problems(config, workers)
     if problems:
         raise ConfigError(f"{args.config}: on cluster.workers.replicas = {workers} workers: " + "; ".join(problems))
+    # A note, not a failure: CI validates before `submit` on a machine that does not hold the model.
+    note = model_path_note(config.model)
     n = config.sampling.prompts_per_epoch * config.sampling.group_size
     print(f"{args.config}: valid ({config.model.kind}, {config.train.epochs} epochs, {n} images per epoch)")
     print(f"on the cluster: {describe_batches(config, workers)}")
+    if note:
+        print(note)
     return 0
 
 
@@ -164,13 +172,15 @@ def _parse_arguments(items: list[str]) -> dict:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from pipeline.config import config_from_parameter
+    from pipeline.config import config_from_parameter, config_parameter
     from pipeline.kfp_submit import submit
 
     arguments = _parse_arguments(args.arguments)
+    overrides = arguments.get("overrides") or []
     if args.config is not None:
-        arguments["config"] = args.config.read_text(encoding="utf-8") if args.config.is_file() else str(args.config)
-    config_from_parameter(arguments.get("config", ""), arguments.get("overrides") or [])  # refuse before submitting
+        load_config(args.config, overrides)  # its messages name the file (or say it does not exist)
+        arguments["config"] = config_parameter(args.config)
+    config_from_parameter(arguments.get("config", ""), overrides)  # what the pipeline reads; refuse before submitting
     run_name = args.run_name or f"flowgrpo-{time.strftime('%Y%m%d-%H%M%S')}"
     done = submit(args.host, experiment=args.experiment, run_name=run_name, arguments=arguments,
                   namespace=args.namespace, eval_gpus=args.eval_gpus, service_account=args.service_account)
@@ -195,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=reward_server_entry.serve)
 
     p = sub.add_parser("validate", help="check a config and exit",
-                       description="Load and validate a config with its overrides; nothing else runs.")
+                       description="Load and validate a config with its overrides; nothing else runs. A "
+                                   "model.path missing on this machine is reported on a line of its own and does "
+                                   "not fail: the machine that validates (CI) is often not the one that trains; "
+                                   "an s3:// model.path is checked when the run starts.")
     _add_config_args(p)
     p.set_defaults(func=cmd_validate)
 
@@ -311,8 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default="flowgrpo", help="KFP experiment (created when missing)")
     p.add_argument("--run-name", default=None, help="run name (default flowgrpo-<timestamp>)")
     p.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
-    p.add_argument("--config", type=Path, default=None,
-                   help="experiment YAML sent as the `config` parameter (else config=NAME_OR_TEXT or tiny-cpu)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE_OR_NAME",
+                   help="experiment YAML file (sent as its text) or the name of a shipped config (sent as the "
+                        "name) for the pipeline's `config` parameter (else config=NAME_OR_TEXT, else "
+                        f"{DEFAULT_CONFIG.stem})")
     p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
     p.add_argument("--service-account", default=PIPELINE_SERVICE_ACCOUNT,
                    help=f"Kubernetes service account the step pods run as (default {PIPELINE_SERVICE_ACCOUNT}, "

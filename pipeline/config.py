@@ -6,13 +6,15 @@ path (``train.learning_rate``) or the file and line.
 
 from __future__ import annotations
 
+import difflib
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import format_validation_error, read_yaml_mapping
+from components.config_base import ENV_SOURCE, format_validation_error, read_yaml_mapping
 from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
@@ -102,9 +104,32 @@ def _list_index(node: list, part: str, path: list[str]) -> int:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read ``path`` (default: the tiny CPU config), apply overrides, validate."""
+    """Read ``path`` (a YAML file or a shipped config's name, see ``resolve_config``; default: the tiny CPU
+    config), apply overrides, validate."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
-    return _validated(read_yaml_mapping(path), overrides, str(path))
+    return _validated(read_yaml_mapping(resolve_config(path)), overrides, str(path))
+
+
+CONFIG_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def resolve_config(value: str | Path) -> Path:
+    """The file ``--config VALUE`` names: a YAML (or JSON) file, else a shipped config by name
+    (``tiny-flux-cpu`` = ``pipeline/configs/tiny-flux-cpu.yaml``). A file wins over a shipped name, so a local
+    ``tiny-cpu`` file is read as it is. ``env:NAME`` is passed through (``read_yaml_mapping`` reads it)."""
+    path, text = Path(value), str(value)
+    if text.startswith(ENV_SOURCE) or path.is_file():
+        return path
+    if (bundled := bundled_config(text)) is not None:
+        return bundled
+    shipped = ", ".join(example_configs())
+    if path.is_dir():
+        raise ConfigError(f"config {text} is a directory, not a YAML file (or give a shipped config name: {shipped})")
+    if path.suffix in CONFIG_FILE_SUFFIXES or "/" in text or os.sep in text:
+        raise ConfigError(f"config file {text} does not exist (or give a shipped config name: {shipped})")
+    close = difflib.get_close_matches(text, example_configs(), n=1)
+    guess = f"did you mean {close[0]}? " if close else ""
+    raise ConfigError(f"config {text!r} is neither a YAML file nor a shipped config name ({guess}shipped: {shipped})")
 
 
 def bundled_config(name: str) -> Path | None:
@@ -113,21 +138,37 @@ def bundled_config(name: str) -> Path | None:
     return path if name and "/" not in name and path.is_file() else None
 
 
+def config_parameter(value: str | Path) -> str:
+    """What ``flowgrpo submit --config VALUE`` sends as the pipeline's ``config`` parameter: a shipped config
+    by its name (the images ship the same files), a file as its text (the pipeline's pods cannot read it)."""
+    path = resolve_config(value)
+    if path == bundled_config(str(value)):
+        return str(value)
+    if str(path).startswith(ENV_SOURCE):
+        return yaml.safe_dump(read_yaml_mapping(path), sort_keys=False)
+    return path.read_text(encoding="utf-8")
+
+
 def config_from_parameter(value: str, overrides: list[str] | None = None) -> ExperimentConfig:
     """The pipeline's ``config`` parameter: an example config's name (``tiny-cpu``), or a whole experiment
     config as YAML or JSON text; then ``overrides``."""
     value = value.strip()
     if (path := bundled_config(value or DEFAULT_CONFIG.stem)) is not None:
         return load_config(path, overrides)
+    shipped = ", ".join(example_configs())
     try:
         data = yaml.safe_load(value)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config parameter: not a known config name ({', '.join(example_configs())}) and not "
+        raise ConfigError(f"config parameter: not a known config name ({shipped}) and not "
                           f"valid YAML/JSON: {str(exc).splitlines()[0]}") from exc
     if not isinstance(data, dict):
+        # A file path cannot travel: the pipeline's pods do not see this machine's files.
+        hint = (" (a file path does not reach the pipeline's pods; `flowgrpo submit --config FILE` sends the "
+                "file's text)" if Path(value).suffix in CONFIG_FILE_SUFFIXES or "/" in value else "")
         raise ConfigError(f"config parameter {value[:60]!r}: not a known config name "
-                          f"({', '.join(example_configs())}) and not a YAML/JSON mapping of config sections")
-    return _validated(data, overrides, "config parameter")
+                          f"({shipped}) and not a YAML/JSON mapping of config sections{hint}")
+    # The source completes "invalid config ..." (format_validation_error): worded not to repeat "config".
+    return _validated(data, overrides, "from the pipeline's config parameter")
 
 
 def example_configs() -> list[str]:

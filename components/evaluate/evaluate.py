@@ -33,6 +33,10 @@ from components.trainer.config import TrainingJobConfig
 
 EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"
+# Below this many prompts a bootstrap CI says little: the resampled means take few distinct values (3 for 2
+# prompts), the percentile interval is too narrow for its nominal level, and one odd prompt moves it. 10 is
+# the usual floor for a percentile bootstrap; each such reward is flagged (``few_prompts``) and warned about.
+MIN_PROMPTS_FOR_CI = 10
 
 
 @dataclass
@@ -76,7 +80,8 @@ def _prompt_means(scores: list[list[float]]) -> np.ndarray:
 
 def summarize(prompts: list[PromptResult], keys: list[str], cfg: EvalConfig) -> dict[str, dict]:
     """Per reward: base and LoRA means over prompts (each prompt the mean of its images), the mean delta,
-    its paired bootstrap CI, and n = prompts where both models scored."""
+    its paired bootstrap CI, n = prompts where both models scored, and ``few_prompts`` when n is below
+    ``MIN_PROMPTS_FOR_CI``."""
     out = {}
     for key in keys:
         base = _prompt_means([p.base_scores[key] for p in prompts])
@@ -84,7 +89,7 @@ def summarize(prompts: list[PromptResult], keys: list[str], cfg: EvalConfig) -> 
         ok = np.isfinite(base) & np.isfinite(lora)
         n = int(ok.sum())
         row = {"base_mean": math.nan, "lora_mean": math.nan, "delta": math.nan, "ci_low": math.nan,
-               "ci_high": math.nan, "ci_level": cfg.ci_level, "n": n}
+               "ci_high": math.nan, "ci_level": cfg.ci_level, "n": n, "few_prompts": n < MIN_PROMPTS_FOR_CI}
         if n:
             low, high = paired_bootstrap(base[ok], lora[ok], cfg.bootstrap_samples, cfg.ci_level, cfg.seed)
             row.update(base_mean=float(base[ok].mean()), lora_mean=float(lora[ok].mean()),
@@ -111,6 +116,18 @@ def gate_decision(rewards: dict[str, dict], gate: GateConfig) -> tuple[bool, str
             return False, f"guard {key} dropped by {drop:.4g} > tolerance {tolerance:.4g}"
     guards = f"; guards within tolerance ({', '.join(sorted(gate.guards))})" if gate.guards else "; no guards"
     return True, f"{metric} improved by {delta:+.4g} >= {gate.min_improvement:+.4g}{guards}"
+
+
+def few_prompts_warnings(rewards: dict[str, dict]) -> list[str]:
+    """One warning per prompt count below ``MIN_PROMPTS_FOR_CI``, naming the rewards whose CI rests on it
+    (rewards usually share n; a reward that failed on some prompts has fewer)."""
+    by_n: dict[int, list[str]] = {}
+    for key, row in rewards.items():
+        if row["few_prompts"] and row["n"]:  # n = 0 has no interval at all; the report shows it failed
+            by_n.setdefault(row["n"], []).append(key)
+    return [f"{', '.join(keys)}: the {rewards[keys[0]]['ci_level']:.0%} CI rests on only {n} prompt(s) "
+            f"(fewer than {MIN_PROMPTS_FOR_CI}), too few for the interval to mean much; evaluate more prompts "
+            "(eval.max_prompts, a larger test split)" for n, keys in sorted(by_n.items())]
 
 
 def hacking_warnings(rewards: dict[str, dict], history: list[dict]) -> list[str]:
@@ -181,7 +198,7 @@ def evaluate(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: EvalConf
     summary = {
         "rewards": reward_rows,
         "gate": {"promoted": promoted, "reason": reason, "alias": cfg.gate.alias},
-        "warnings": hacking_warnings(reward_rows, history)
+        "warnings": few_prompts_warnings(reward_rows) + hacking_warnings(reward_rows, history)
         + ([] if held_out else ["evaluated on the training prompts (the dataset has no held-out test split)"]),
         "config": {"lora": lora, "model": config.model.kind if config.model.path is None else config.model.path,
                    "prompts": len(rows), "held_out": held_out, "images_per_prompt": cfg.images_per_prompt,

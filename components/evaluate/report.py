@@ -56,6 +56,7 @@ figcaption { font-size: 0.8em; font-family: monospace; }
 /* Eval images may be tiny (32 px on the tiny model): upscale without blurring so pixels stay visible. */
 img.sample { image-rendering: pixelated; min-width: 128px; max-width: 256px; height: auto; display: block; }
 .muted { color: #868e96; }
+.few-prompts { color: #e67700; font-weight: bold; }
 """
 
 
@@ -155,6 +156,10 @@ def _reward_table(rewards: dict) -> str:
         ci = f"[{_num(r.get('ci_low'))}, {_num(r.get('ci_high'))}]"
         if level is not None:
             ci += f' <span class="muted">{level * 100:g}%</span>'
+        if r.get("few_prompts") and r.get("n"):
+            # eval.json's flag (evaluate.MIN_PROMPTS_FOR_CI): the interval is shown but must not be trusted.
+            ci += (f' <span class="few-prompts" title="a bootstrap interval over so few prompts says little">'
+                   f"only {_e(r['n'])} prompt(s): too few for this CI to mean much</span>")
         rows.append(f"<tr><td>{_e(key)}</td><td>{_num(r.get('base_mean'))}</td><td>{_num(r.get('lora_mean'))}</td>"
                     f"<td>{_delta(r.get('delta'))}</td><td>{ci}</td><td>{_e(r.get('n', ''))}</td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from components.config_base import Section
+from components.errors import ConfigError
 
 # The tiny model's LoRA also adapts the feed-forward layers and the output projection: with attention
 # alone a random 2-layer transformer cannot move the image statistics far (see tiny-cpu.yaml).
@@ -74,3 +75,30 @@ class ModelConfig(Section):
         if self.resolution % 16:
             raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
         return self
+
+
+def model_path_note(config: ModelConfig) -> str | None:
+    """What ``flowgrpo validate`` can say about ``model.path`` without loading the model, or None when there is
+    nothing to say (a tiny model, or a local diffusers directory that is there). A path missing here is a note,
+    not an error: the machine that validates (a laptop, a CI runner) is often not the one that trains, so it
+    may be right there; ``flowgrpo train`` stops on it (``loading.py``). Only a URI scheme no loader reads is
+    a ConfigError."""
+    from components import storage
+
+    path = config.path
+    if path is None:
+        return None
+    try:
+        if storage.is_remote(path):
+            return f"model.path {path}: checked when the run starts (needs the S3 credentials)"
+        root = storage.local_copy(path)  # a local path, or a file:// URI as one
+    except storage.StorageError as exc:  # a scheme no loader reads (http://...): wrong wherever it runs
+        raise ConfigError(f"model.path: {exc}") from exc
+    here = "`flowgrpo train` here would stop on it"
+    if not root.exists():
+        return (f"model.path {path} does not exist on this machine: fine if it exists where the training runs "
+                f"(the cluster's RayJob pods mount no volume: there use model.path=s3://...); {here}")
+    if not (root / "model_index.json").is_file():
+        return (f"model.path {path} on this machine is not a diffusers pipeline directory (no model_index.json); "
+                f"{here}")
+    return None

@@ -73,6 +73,69 @@ def test_validate_explains_how_a_gpu_recipe_splits_on_its_workers():
     assert "cluster.workers.replicas = 7 workers" in line and "sampling.prompts_per_epoch (48)" in line
 
 
+CONFIG_COMMANDS = [
+    ["train", "--output", "OUT/run"],
+    ["validate"],
+    ["evaluate", "--lora", "OUT/lora", "--output", "OUT/eval"],
+    ["rayjob"],
+    ["run", "--local", "--workdir", "OUT/work"],
+    ["submit", "--host", "http://127.0.0.1:9"],
+]
+
+
+@pytest.mark.parametrize("command", CONFIG_COMMANDS, ids=lambda c: c[0])
+def test_every_config_option_takes_a_file_or_a_shipped_name_and_refuses_neither_in_one_line(command, tmp_path,
+                                                                                             capsys):
+    from pipeline.cli import main
+
+    argv = [a.replace("OUT", str(tmp_path)) for a in command]
+    assert main([*argv, "--config", "tiny-flux"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"flowgrpo {command[0]}: error: config 'tiny-flux' is neither a "
+                                               "YAML file nor a shipped config name"), err
+    assert "did you mean tiny-flux-cpu?" in err[0] and "sd35-medium-ocr" in err[0]
+    assert main([*argv, "--config", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"config file {tmp_path / 'missing.yaml'} does not exist" in err[0], err
+    assert not list(tmp_path.iterdir())  # refused before any work
+    assert "or the name of a shipped config" in " ".join(flowgrpo(command[0], "--help").stdout.split())
+
+
+def test_validate_and_rayjob_take_a_shipped_config_by_name():
+    proc = flowgrpo("validate", "--config", "tiny-flux-cpu")
+    assert proc.returncode == 0 and proc.stdout.startswith("tiny-flux-cpu: valid (tiny-flux,"), proc.stderr
+    assert "model.path" not in proc.stdout and proc.stderr == ""  # a tiny model has no path to check
+    by_name = flowgrpo("rayjob", "--config", "sd35-medium-ocr", "--run-id", "x")
+    by_file = flowgrpo("rayjob", "--config", str(DEFAULT_CONFIG.parent / "sd35-medium-ocr.yaml"), "--run-id", "x")
+    assert by_name.returncode == 0 and by_name.stdout == by_file.stdout and "kind: RayJob" in by_name.stdout
+
+
+def test_validate_notes_a_model_path_it_cannot_check_here_without_failing(tmp_path):
+    missing = tmp_path / "sd35m"
+    proc = flowgrpo("validate", "--config", "sd35-medium-ocr", f"model.path={missing}")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # CI validates where the model is not
+    assert "sd35-medium-ocr: valid (diffusers" in proc.stdout
+    assert (f"model.path {missing} does not exist on this machine: fine if it exists where the training runs"
+            in proc.stdout)
+    assert "`flowgrpo train` here would stop on it" in proc.stdout
+    proc = flowgrpo("validate", "--config", "sd35-medium-ocr", "model.path=s3://bucket/models/sd35m")
+    assert proc.returncode == 0
+    assert ("model.path s3://bucket/models/sd35m: checked when the run starts (needs the S3 credentials)"
+            in proc.stdout)
+    line = _error_line(flowgrpo("validate", "--config", "sd35-medium-ocr", "model.path=http://host/sd35m"))
+    assert "model.path: unsupported URI scheme" in line
+
+
+def test_submit_says_a_missing_config_file_does_not_exist_and_prints_one_line(tmp_path):
+    line = _error_line(flowgrpo("submit", "--host", "http://127.0.0.1:9", "--config", str(tmp_path / "my.yaml")))
+    assert f"config file {tmp_path / 'my.yaml'} does not exist" in line and "tiny-cpu" in line
+    # a shipped name passes validation and the connection error is all stderr holds: no kfp FutureWarning
+    proc = flowgrpo("submit", "--host", "http://127.0.0.1:9", "--config", "tiny-cpu")
+    line = _error_line(proc)
+    assert "cannot reach Kubeflow Pipelines at http://127.0.0.1:9" in line
+    assert proc.stderr.strip() == line and "Warning" not in proc.stderr
+
+
 def test_help_explains_the_commands():
     proc = flowgrpo("--help")
     assert proc.returncode == 0 and "train" in proc.stdout and "validate" in proc.stdout
@@ -165,6 +228,10 @@ def test_evaluate_command_writes_eval_json_and_report_and_checks_its_arguments(t
     assert row["n"] == 2 and row["delta"] == pytest.approx(row["lora_mean"] - row["base_mean"])
     assert f"brightness: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g}" in proc.stdout
     assert ("gate: PROMOTE" if summary["gate"]["promoted"] else "gate: REFUSE") in proc.stdout
+    # 2 prompts: the CI is flagged in eval.json, warned about in the output and marked in the report
+    assert row["few_prompts"] is True
+    assert "warning: brightness: the 95% CI rests on only 2 prompt(s) (fewer than 10)" in proc.stdout
+    assert "only 2 prompt(s): too few for this CI to mean much" in (tmp_path / "eval" / "report.html").read_text()
     assert (tmp_path / "eval" / "report.html").read_text().count("data:image/png;base64,") == 2 * 2
     # the training history beside the LoRA feeds the report's curve
     assert "no training history" not in (tmp_path / "eval" / "report.html").read_text()

@@ -165,6 +165,17 @@ def test_not_promoted_empty_history_and_failed_scores():
     assert "No promotion gate" in render_report({**summary, "gate": None}, [], [], title="t")
 
 
+def test_a_ci_over_too_few_prompts_is_marked_next_to_it():
+    rewards = {"ocr": {**SUMMARY["rewards"]["ocr"], "n": 2, "few_prompts": True},
+               "aesthetic": {**SUMMARY["rewards"]["aesthetic"], "few_prompts": False}}
+    page = render_report({**SUMMARY, "rewards": rewards}, [], [], title="t")
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"<tr><td>(\w+)</td>.*?</tr>", page)}
+    assert re.search(r"\[0\.080, 0\.230\] <span class=\"muted\">95%</span> <span class=\"few-prompts\"[^>]*>only 2 "
+                     r"prompt\(s\): too few for this CI to mean much</span></td><td>2</td>", rows["ocr"]), rows["ocr"]
+    assert "few-prompts" not in rows["aesthetic"]
+    assert "few-prompts\"" not in render_report(SUMMARY, [], [], title="t")  # eval.json without the flag: none
+
+
 def test_mismatched_scores_are_rejected():
     bad = PromptResult(prompt="p", seed=1, base_images=[image(COLOURS[0], 0)], lora_images=[],
                        base_scores={"ocr": [0.1, 0.2]}, lora_scores={})

@@ -8,6 +8,7 @@ import email.policy
 import json
 import threading
 import uuid
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
 from urllib.parse import parse_qs, urlparse
@@ -191,3 +192,27 @@ def test_submit_reports_server_error_in_one_line(kfp_server, capsys):
 def test_submit_unreachable_endpoint(capsys):
     assert main(["submit", "--host", "http://127.0.0.1:9", "config=tiny-cpu"]) == 2
     assert "cannot reach Kubeflow Pipelines at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_submit_sends_a_shipped_config_by_name_and_refuses_a_missing_file_before_any_request(kfp_server, capsys,
+                                                                                           tmp_path):
+    state, host = kfp_server
+    assert main(["submit", "--host", host, "--config", "sd35-medium-ocr", "--eval-gpus", "0"]) == 0
+    (run,) = state.runs
+    assert run["runtime_config"]["parameters"]["config"] == "sd35-medium-ocr"  # the images ship the same file
+    capsys.readouterr()
+    requests = len(state.requests)
+    assert main(["submit", "--host", host, "--config", str(tmp_path / "my.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"config file {tmp_path / 'my.yaml'} does not exist" in err[0], err
+    assert "not a known config name" not in err[0]
+    assert len(state.requests) == requests
+
+
+def test_submit_mutes_only_kfps_version_notice(capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["submit", "--host", "http://127.0.0.1:9", "config=tiny-cpu"]) == 2
+        warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)  # the filter is not left behind
+    assert [str(w.message) for w in caught] == ["another FutureWarning"]
+    assert "cannot reach Kubeflow Pipelines" in capsys.readouterr().err

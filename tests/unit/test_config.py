@@ -1,5 +1,6 @@
 """The experiment config: defaults, example configs, overrides and error messages."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,100 @@ def test_the_design_doc_maps_every_folder_and_indexes_every_config_key():
     packages = {p.parent.relative_to(repo).as_posix() for p in (repo / "components").glob("*/__init__.py")}
     for package in sorted(packages):
         assert f"`{package}/`" in folders, f"{package}/ has no row in docs/DESIGN.md"
+
+
+# -- `--config`: a file or a shipped config's name, resolved in load_config ------------------------------------
+
+
+def test_config_takes_a_shipped_name_and_a_file_of_that_name_wins(tmp_path, monkeypatch):
+    from pipeline.config import resolve_config
+
+    assert resolve_config("tiny-flux-cpu") == CONFIG_DIR / "tiny-flux-cpu.yaml"
+    assert load_config("tiny-flux-cpu") == load_config(CONFIG_DIR / "tiny-flux-cpu.yaml")
+    assert load_config(Path("sd35-medium-ocr"), ["train.epochs=3"]).train.epochs == 3
+    monkeypatch.chdir(tmp_path)
+    Path("tiny-cpu").write_text("train:\n  epochs: 2\n")  # a local file named like a shipped config
+    assert load_config("tiny-cpu").train.epochs == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "needles"),
+    [
+        ("my.yaml", ["config file my.yaml does not exist", "tiny-cpu", "sd35-medium-ocr"]),
+        ("configs/exp", ["config file configs/exp does not exist"]),
+        ("tiny-flux", ["config 'tiny-flux' is neither a YAML file nor a shipped config name",
+                       "did you mean tiny-flux-cpu?", "tiny-qwenimage-cpu"]),
+        ("nothing-like-it", ["is neither a YAML file nor a shipped config name (shipped: flux1-dev-pickscore"]),
+    ],
+)
+def test_a_config_that_names_neither_a_file_nor_a_shipped_config_is_refused_in_one_line(value, needles, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        load_config(value)
+    message = str(exc.value)
+    assert "\n" not in message and all(n in message for n in needles), message
+    assert "did you mean" not in message or value == "tiny-flux"
+
+
+def test_a_folder_is_not_a_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory, not a YAML file"):
+        load_config(tmp_path)
+
+
+def test_submit_sends_a_shipped_name_as_the_name_and_a_file_as_its_text(tmp_path, monkeypatch):
+    from pipeline.config import config_parameter
+
+    assert config_parameter("sd35-medium-ocr") == "sd35-medium-ocr"
+    assert config_parameter(TINY) == TINY.read_text()  # a path to a shipped file is a file
+    path = _write(tmp_path, "train:\n  epochs: 3\n")
+    assert config_parameter(path) == "train:\n  epochs: 3\n"
+    with pytest.raises(ConfigError, match=r"config file .*missing\.yaml does not exist"):
+        config_parameter(tmp_path / "missing.yaml")
+
+
+def test_no_validation_message_doubles_a_word(tmp_path, monkeypatch):
+    from pipeline.config import config_from_parameter
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("train: {epochs: 0}\n")  # the name the word would double with
+    messages = []
+    for load in (lambda: config_from_parameter("train: {epochs: 0}"),
+                 lambda: load_config(_write(tmp_path, "train: {epochs: 0}\n")),
+                 lambda: load_config("config.yaml")):
+        with pytest.raises(ConfigError) as exc:
+            load()
+        messages.append(str(exc.value))
+    assert messages[0].startswith("invalid config from the pipeline's config parameter: train.epochs")
+    assert messages[1].startswith(f"invalid config {tmp_path / 'c.yaml'}: train.epochs")
+    assert messages[2].startswith("invalid config.yaml: train.epochs")
+    for message in messages:
+        words = message.replace(":", " ").split()
+        assert not [a for a, b in itertools.pairwise(words) if a == b], message
+
+
+def test_a_path_given_as_the_pipeline_parameter_is_told_it_does_not_travel():
+    from pipeline.config import config_from_parameter
+
+    with pytest.raises(ConfigError, match=r"not a known config name .*a file path does not reach the pipeline's pods"):
+        config_from_parameter("my.yaml")
+
+
+def test_model_path_note_says_what_validate_can_know_of_the_model_here(tmp_path):
+    from components.models.config import ModelConfig, model_path_note
+
+    def note(path: str) -> str | None:
+        return model_path_note(ModelConfig(kind="diffusers", path=path))
+
+    assert model_path_note(ModelConfig(kind="tiny-flux")) is None  # built from config: no path to check
+    assert note("s3://bucket/models/sd35m") == ("model.path s3://bucket/models/sd35m: checked when the run starts "
+                                                "(needs the S3 credentials)")
+    missing = note(str(tmp_path / "sd35m"))
+    assert missing.startswith(f"model.path {tmp_path / 'sd35m'} does not exist on this machine: fine if it exists "
+                              "where the training runs")
+    assert missing.endswith("`flowgrpo train` here would stop on it")
+    assert "no model_index.json" in note(str(tmp_path))
+    (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusion3Pipeline"}')
+    assert note(str(tmp_path)) is None and note(f"file://{tmp_path}") is None
+    with pytest.raises(ConfigError, match=r"model\.path: unsupported URI scheme"):
+        note("http://example.com/sd35m")

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from components.evaluate.config import EvalConfig, GateConfig
-from components.evaluate.evaluate import gate_decision, hacking_warnings, paired_bootstrap, summarize
+from components.evaluate.evaluate import (
+    MIN_PROMPTS_FOR_CI,
+    few_prompts_warnings,
+    gate_decision,
+    hacking_warnings,
+    paired_bootstrap,
+    summarize,
+)
 from components.evaluate.report import PromptResult
 
 
@@ -75,3 +82,36 @@ def test_reward_hacking_warning_when_training_rose_and_eval_fell():
     assert "'ocr' rose by 0.2" in warning and "fell by 0.05" in warning  # mean of the last 3 (0.3) - first
     assert hacking_warnings(_rewards(ocr=0.05), history) == []
     assert hacking_warnings(_rewards(jpeg=-0.05), history) == []  # no training history for that reward
+
+
+def _prompts(n: int, failed_for: set[str] = frozenset()) -> list[PromptResult]:
+    """n prompts scored by `ocr` and `aesthetic`; `failed_for` rewards failed on every other prompt."""
+    return [_prompt({k: [0.1 * i] for k in ("ocr", "aesthetic")},
+                    {k: [math.nan if k in failed_for and i % 2 else 0.1 * i + 0.05] for k in ("ocr", "aesthetic")})
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, MIN_PROMPTS_FOR_CI - 1])
+def test_a_ci_over_fewer_prompts_than_the_threshold_is_flagged_and_warned_about(n):
+    rows = summarize(_prompts(n), ["ocr", "aesthetic"], EvalConfig(bootstrap_samples=200))
+    assert rows["ocr"]["n"] == n and rows["ocr"]["few_prompts"] is True and rows["aesthetic"]["few_prompts"]
+    (warning,) = few_prompts_warnings(rows)  # the rewards share n: one line names both
+    assert warning.startswith(f"ocr, aesthetic: the 95% CI rests on only {n} prompt(s) (fewer than "
+                              f"{MIN_PROMPTS_FOR_CI}), too few for the interval to mean much")
+    assert "eval.max_prompts" in warning
+
+
+def test_a_ci_over_enough_prompts_is_not_flagged_but_a_reward_that_failed_on_half_of_them_is():
+    rows = summarize(_prompts(MIN_PROMPTS_FOR_CI), ["ocr", "aesthetic"], EvalConfig(bootstrap_samples=200))
+    assert rows["ocr"]["n"] == MIN_PROMPTS_FOR_CI and rows["ocr"]["few_prompts"] is False
+    assert few_prompts_warnings(rows) == []
+    rows = summarize(_prompts(2 * MIN_PROMPTS_FOR_CI - 2, failed_for={"aesthetic"}), ["ocr", "aesthetic"],
+                     EvalConfig(bootstrap_samples=200))
+    assert not rows["ocr"]["few_prompts"] and rows["aesthetic"]["few_prompts"]
+    (warning,) = few_prompts_warnings(rows)
+    assert warning.startswith(f"aesthetic: the 95% CI rests on only {MIN_PROMPTS_FOR_CI - 1} prompt(s)")
+
+
+def test_no_interval_no_few_prompts_warning():
+    rows = summarize(_prompts(3, failed_for={"ocr"})[1:2], ["ocr"], EvalConfig(bootstrap_samples=200))
+    assert rows["ocr"]["n"] == 0 and few_prompts_warnings(rows) == []  # the report shows the reward failed
