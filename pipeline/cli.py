@@ -285,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ui", help="serve MLflow over the state of local runs",
                        description="Start SeaweedFS and the MLflow UI over --workdir (what `run --local` left), "
-                                   "with the sample images and reports, until Ctrl-C.")
+                                   "with the sample images and reports, until Ctrl-C, SIGTERM or SIGHUP, which stop "
+                                   "both. Prints the newest experiment's link, in MLflow's model-training view. One "
+                                   "`ui` or `run --local` uses a work directory at a time.")
     p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"), help="the local runs' work directory")
     p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help="MLflow UI port (default %(default)s)")
     p.set_defaults(func=cmd_ui)

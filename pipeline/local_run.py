@@ -11,6 +11,7 @@ state lives under the work directory, so a second run reuses the cached dataset 
     WORKDIR/pipeline-root/ kfp.local task outputs (the report HTML), WORKDIR/kfp-cache/ its cache
     WORKDIR/reward-servers/ the reward server's record and log while it runs
     WORKDIR/logs/<run>.log everything every step printed
+    WORKDIR/instance.lock  held by the one `run --local` or `ui` using the work directory (pid, command)
     WORKDIR/runs/<run id>/ what a person looks at: lora/, samples/, eval/ (report.html), metrics.jsonl,
                            config.yaml, copied from the run's output in S3 (checkpoints stay there)
 """
@@ -38,6 +39,7 @@ from components.console import status_line
 from components.errors import FlowGRPOError
 from components.launch.process import port_is_free
 from pipeline.config import ExperimentConfig, dump_config
+from pipeline.single_instance import holding_workdir, stopping_on_signals
 
 BUCKET = "flowgrpo"
 STORAGE_ROOT = f"s3://{BUCKET}"
@@ -47,7 +49,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # download bars, warnings with their source lines.
 # Ray's dashboard link too: it dies with the run's Ray, unlike the MLflow links `flowgrpo ui` serves again.
 _NOISE = re.compile(r"^(🏃 View run|🧪 View experiment|Downloading artifacts|warnings\.warn\()|Warning: |"
-                   r"View the dashboard at |"
+                   r"View the dashboard at |Setting up process group for|"
                    r"core_worker\.cc|Found credentials in|Found endpoint for|\(TrainController |"
                    r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d INFO mlflow|^Successfully registered model|^Created version")
 _RAY_PREFIX = re.compile(r"^\(RayTrainWorker pid=\d+\) ")
@@ -347,14 +349,20 @@ def copy_results(lora_uri: str, runs_dir: Path) -> Path:
 def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, ui_port: int = DEFAULT_UI_PORT,
               log=status_line) -> LocalRunResult:
     """Run the pipeline on this machine (see the module docstring); raises LocalRunError naming the failed
-    step. Nothing it started outlives it."""
+    step, WorkdirBusy when another instance uses ``workdir``. Nothing it started outlives it, also when it is
+    stopped by Ctrl-C, SIGTERM or SIGHUP."""
+    workdir = workdir.resolve()
+    with holding_workdir(workdir, "flowgrpo run --local"), stopping_on_signals():
+        return _run_local(config, workdir, ray_workers, ui_port, log)
+
+
+def _run_local(config: ExperimentConfig, workdir: Path, ray_workers: int, ui_port: int, log) -> LocalRunResult:
     from kfp import local
 
     from components.launch import LOCAL_PREFIX
     from components.launch.local import stop_all_local
     from pipeline.kfp_pipeline import build_pipeline
 
-    workdir = workdir.resolve()
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="tmp-", dir=workdir))  # kfp.local's ephemeral files land here
     # Ray's unix socket paths (under its temp dir) must stay below 108 bytes: a short folder in the system's.
@@ -415,13 +423,18 @@ def _newest_job(pipeline_root: Path) -> Path:
 
 
 def serve_ui(workdir: Path, port: int = DEFAULT_UI_PORT, log=status_line) -> None:
-    """Serve MLflow (with its images, from the local S3) over the state local runs left, until Ctrl-C."""
+    """Serve MLflow (with its images, from the local S3) over the state local runs left, until Ctrl-C, SIGTERM
+    or SIGHUP; WorkdirBusy when another instance uses ``workdir``."""
+    from components.tracking.pipeline_runs import newest_experiment_url
+
     workdir = workdir.resolve()
     if not (workdir / "mlflow" / "mlflow.db").is_file():
         raise LocalRunError(f"{workdir} holds no local run (no mlflow/mlflow.db); run `flowgrpo run --local "
                             f"--workdir {workdir}` first")
-    with local_services(workdir, mlflow_port=port, log=log):
-        log(f"MLflow UI: http://127.0.0.1:{port} (Ctrl-C stops it)")
-        with contextlib.suppress(KeyboardInterrupt):
+    with holding_workdir(workdir, "flowgrpo ui"), stopping_on_signals(), \
+            local_services(workdir, mlflow_port=port, log=log) as env:
+        log(f"MLflow UI: {newest_experiment_url(env['MLFLOW_TRACKING_URI'])} (Ctrl-C stops it)")
+        with contextlib.suppress(KeyboardInterrupt):  # SIGTERM, SIGHUP too: a clean stop, not an error
             while True:
                 time.sleep(3600)
+        log("MLflow UI stopped")

@@ -30,8 +30,10 @@ class ServiceError(FlowGRPOError):
 
 
 def port_is_free(port: int) -> bool:
-    """Whether a server could listen on loopback ``port`` now."""
+    """Whether a server could listen on loopback ``port`` now (as servers do, with SO_REUSEADDR: connections
+    of a stopped server in TIME_WAIT do not hold the port)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

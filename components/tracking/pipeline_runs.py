@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from components.tracking.params import redact, short_error
-from components.tracking.server import PIPELINE_RUN_TAG, experiment_id, mlflow_client, run_url, tracking_uri
+from components.tracking.server import (
+    PIPELINE_RUN_TAG,
+    experiment_id,
+    experiment_url,
+    mlflow_client,
+    run_url,
+    tracking_uri,
+)
 
 _PARENT = "mlflow.parentRunId"
 
@@ -64,6 +71,13 @@ def parent_run_url(run_name: str, server: str) -> str | None:
     experiments = [e.experiment_id for e in client.search_experiments()]
     runs = _parent_runs(client, experiments, f"attributes.run_name = '{run_name}' and tags.`{PIPELINE_RUN_TAG}` != ''")
     return run_url(server, runs[0].info.experiment_id, runs[0].info.run_id) if runs else None
+
+
+def newest_experiment_url(server: str) -> str:
+    """The UI page of the experiment a run was logged to last on ``server`` (its root when there is none)."""
+    found = mlflow_client(server).search_experiments(order_by=["last_update_time DESC"], max_results=10)
+    used = [e for e in found if e.name != "Default"]
+    return experiment_url(server, used[0].experiment_id) if used else server
 
 
 def child_run(parent_run_id: str, run_name: str) -> str | None:
