@@ -102,7 +102,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     path = compile_pipeline(args.output, eval_gpus=args.eval_gpus)
     print(f"compiled the pipeline to {path} (run it: kfp run create -e EXPERIMENT -r RUN -f {path} "
-          "config=tiny-cpu)")
+          "config=shapes-cpu)")
     return 0
 
 
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "test.parquet and manifest.json to --output. Train on it with data.path=OUTPUT.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", metavar="PATH_OR_S3_URI", help="a .jsonl, .csv or .parquet file")
-    source.add_argument("--builtin", choices=["ocr", "aesthetic", "compositional"],
+    source.add_argument("--builtin", choices=["ocr", "aesthetic", "compositional", "shapes"],
                         help="a prompt set shipped with flowgrpo")
     p.add_argument("--output", required=True, metavar="DIR_OR_S3_URI", help="folder or s3:// prefix to write")
     p.add_argument("--kind", choices=["ocr", "generic"], default=None,

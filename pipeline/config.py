@@ -24,7 +24,8 @@ from components.rewards.config import RewardSpec, check_names, check_unique_keys
 from components.trainer.config import TrainingJobConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-DEFAULT_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"
+DEFAULT_CONFIG = CONFIG_DIR / "shapes-cpu.yaml"  # the embedded default: `--config` and the pipeline parameter
+TINY_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"  # the schema defaults, spelt out: the fast random model of the tests
 
 
 class ExperimentConfig(TrainingJobConfig):

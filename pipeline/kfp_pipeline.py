@@ -159,7 +159,7 @@ def build_pipeline(eval_gpus: int = 1, retries: bool = True):
     @dsl.pipeline(name=PIPELINE_NAME, description="FlowGRPO: online RL fine-tuning of a flow-matching "
                   "text-to-image model with LoRA, evaluated against the base model and registered in MLflow")
     def flowgrpo(
-        config: str = "tiny-cpu",
+        config: str = "shapes-cpu",
         overrides: list = [],  # noqa: B006 -- KFP reads the default from the signature
         storage_root: str = STORAGE_ROOT,
         ray_workers: int = 1,
@@ -168,7 +168,7 @@ def build_pipeline(eval_gpus: int = 1, retries: bool = True):
         """One FlowGRPO experiment.
 
         Args:
-            config: an example config shipped in the images (tiny-cpu, sd35-medium-ocr, ...) or a whole
+            config: a config shipped in the images (shapes-cpu, tiny-cpu, sd35-medium-ocr, ...) or a whole
                 experiment config as YAML/JSON text.
             overrides: key.sub=value overrides applied on top, e.g. ["train.epochs=100", "model.lora.rank=16"].
             storage_root: s3:// prefix for datasets (datasets/<content hash>) and runs (runs/<run id>).

@@ -14,9 +14,9 @@ SMALL = [
 @pytest.fixture
 def small_config():
     """A few-second training config on the tiny model; extra overrides may be passed."""
-    from pipeline.config import load_config
+    from pipeline.config import TINY_CONFIG, load_config
 
     def make(*overrides: str):
-        return load_config(None, [*SMALL, *overrides])
+        return load_config(TINY_CONFIG, [*SMALL, *overrides])
 
     return make

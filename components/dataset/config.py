@@ -57,8 +57,8 @@ class PrepareConfig(Section):
 
     source: str | None = Field(
         default=None,
-        description="`builtin:ocr|aesthetic|compositional`, or a JSONL / CSV / Parquet file (path or s3:// URI); "
-                    "null = the training data of `data:` (its inline prompts or its file)",
+        description="`builtin:ocr|aesthetic|compositional|shapes`, or a JSONL / CSV / Parquet file (path or s3:// "
+                    "URI); null = the training data of `data:` (its inline prompts or its file)",
     )
     kind: Literal["ocr", "generic"] | None = Field(
         default=None, description="`ocr` also rejects rows with no text to render; null = from the source",

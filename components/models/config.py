@@ -33,14 +33,17 @@ class LoRAConfig(Section):
 # to a guidance-distilled transformer (FLUX.1-dev); `none` has neither (FLUX.1-schnell). The adapter of a
 # `diffusers` kind reports its mode once loaded, and the same check runs then.
 GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
-TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg"}
+TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg",
+                                          "shapes-sd3": "cfg"}
+SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position embedding knows no other size
 
 
 class ModelConfig(Section):
-    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "diffusers"] = Field(
+    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "shapes-sd3", "diffusers"] = Field(
         default="tiny-sd3",
         description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage`: random pipeline of that family built from "
-                    "config; `diffusers`: load `path` (SD3, FLUX.1 or Qwen-Image, from its model_index.json)",
+                    "config; `shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); "
+                    "`diffusers`: load `path` (SD3, FLUX.1 or Qwen-Image, from its model_index.json)",
     )
     path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
     negative_prompt: str = Field(
@@ -72,6 +75,9 @@ class ModelConfig(Section):
             raise ValueError("model.path is required when model.kind is 'diffusers'")
         if self.kind != "diffusers" and self.path:
             raise ValueError("model.path is only read when model.kind is 'diffusers'; remove it or change the kind")
+        if self.kind == "shapes-sd3" and self.resolution != SHAPES_RESOLUTION:
+            raise ValueError(f"model.resolution is {self.resolution}, but the shapes-sd3 demo model was trained at "
+                             f"{SHAPES_RESOLUTION} px; set model.resolution: {SHAPES_RESOLUTION}")
         if self.resolution % 16:
             raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
         return self

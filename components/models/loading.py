@@ -36,6 +36,7 @@ TINY = {
     "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
     "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
     "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
+    "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
 }
 
 

@@ -23,34 +23,36 @@ T5_DIM = 2 * CLIP_HIDDEN  # SD3 pads the concatenated CLIP states to the T5 widt
 T5_MAX_LENGTH = 32
 
 
-def tiny_clip(seed: int, projection: bool = True) -> CLIPTextModel | CLIPTextModelWithProjection:
+def tiny_clip(seed: int, projection: bool = True, hidden: int = CLIP_HIDDEN, max_length: int = tok.CLIP_MAX_LENGTH,
+              words: tuple[str, ...] = ()) -> CLIPTextModel | CLIPTextModelWithProjection:
     """A 2-layer CLIP text encoder over the character-level vocabulary (FLUX takes the plain pooled one)."""
     torch.manual_seed(seed)
+    bos, eos = tok.clip_bos_eos()
     config = CLIPTextConfig(
-        vocab_size=tok.clip_vocab_size(), hidden_size=CLIP_HIDDEN, intermediate_size=2 * CLIP_HIDDEN,
-        num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=tok.CLIP_MAX_LENGTH,
-        projection_dim=CLIP_PROJECTION, bos_token_id=tok.clip_vocab_size() - 2,
-        eos_token_id=tok.clip_vocab_size() - 1, pad_token_id=tok.clip_vocab_size() - 1,
+        vocab_size=tok.clip_vocab_size(words), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=max_length,
+        projection_dim=CLIP_PROJECTION, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos,
     )
     return CLIPTextModelWithProjection(config) if projection else CLIPTextModel(config)
 
 
-def tiny_t5(seed: int) -> T5EncoderModel:
+def tiny_t5(seed: int, d_model: int = T5_DIM, words: tuple[str, ...] = ()) -> T5EncoderModel:
     torch.manual_seed(seed)
     return T5EncoderModel(T5Config(
-        vocab_size=tok.t5_vocab_size(), d_model=T5_DIM, d_kv=8, d_ff=2 * T5_DIM, num_layers=2, num_heads=4,
+        vocab_size=tok.t5_vocab_size(words), d_model=d_model, d_kv=8, d_ff=2 * d_model, num_layers=2, num_heads=4,
         dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
     ))
 
 
-def tiny_vae(resolution: int, seed: int, scaling_factor: float, shift_factor: float) -> AutoencoderKL:
+def tiny_vae(resolution: int, seed: int, scaling_factor: float, shift_factor: float,
+             blocks: tuple[int, ...] = VAE_BLOCKS, groups: int = 16) -> AutoencoderKL:
     """A 16-channel KL VAE that downsamples by 4 (SD3 and FLUX share the architecture, not the scaling)."""
     torch.manual_seed(seed)
     return AutoencoderKL(
         in_channels=3, out_channels=3, latent_channels=LATENT_CHANNELS,
-        down_block_types=("DownEncoderBlock2D",) * len(VAE_BLOCKS),
-        up_block_types=("UpDecoderBlock2D",) * len(VAE_BLOCKS),
-        block_out_channels=VAE_BLOCKS, layers_per_block=1, norm_num_groups=16, sample_size=resolution,
+        down_block_types=("DownEncoderBlock2D",) * len(blocks),
+        up_block_types=("UpDecoderBlock2D",) * len(blocks),
+        block_out_channels=blocks, layers_per_block=1, norm_num_groups=groups, sample_size=resolution,
         scaling_factor=scaling_factor, shift_factor=shift_factor, use_quant_conv=False, use_post_quant_conv=False,
     )
 

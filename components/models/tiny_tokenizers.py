@@ -30,26 +30,48 @@ def _byte_alphabet() -> tuple[str, ...]:
     return tuple(chars)
 
 
-def clip_tokenizer() -> CLIPTokenizer:
+def _word_merges(words: tuple[str, ...]) -> list[tuple[str, str]]:
+    """BPE merges that build each word left to right ("r"+"e", "re"+"d</w>"), so a listed word is one token."""
+    merges: list[tuple[str, str]] = []
+    for word in sorted(words, key=len, reverse=True):  # "g"+"r" of green outranks "r"+"e" of red
+        pieces = [*word[:-1], word[-1] + "</w>"]
+        for i in range(1, len(pieces)):
+            merge = ("".join(pieces[:i]), pieces[i])
+            if merge not in merges:
+                merges.append(merge)
+    return merges
+
+
+def clip_tokenizer(max_length: int = CLIP_MAX_LENGTH, words: tuple[str, ...] = ()) -> CLIPTokenizer:
+    """Character level; each of ``words`` (lower-case ASCII) becomes a single token."""
     alphabet = _byte_alphabet()
+    merges = _word_merges(words)
     tokens = list(alphabet) + [c + "</w>" for c in alphabet] + ["<|startoftext|>", "<|endoftext|>"]
+    tokens += ["".join(m) for m in merges]
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_MAX_LENGTH)
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=max_length)
 
 
-def clip_vocab_size() -> int:
-    return 2 * len(_byte_alphabet()) + 2
+def clip_vocab_size(words: tuple[str, ...] = ()) -> int:
+    return 2 * len(_byte_alphabet()) + 2 + len(_word_merges(words))
 
 
-def t5_tokenizer(max_length: int) -> T5Tokenizer:
+def clip_bos_eos() -> tuple[int, int]:
+    """Ids of <|startoftext|> and <|endoftext|> (the word tokens come after them)."""
+    return 2 * len(_byte_alphabet()), 2 * len(_byte_alphabet()) + 1
+
+
+def t5_tokenizer(max_length: int, words: tuple[str, ...] = ()) -> T5Tokenizer:
+    """Character level; each of ``words`` is one piece (it outscores its letters in the unigram model)."""
     chars = [chr(c) for c in range(32, 127)]
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
     pieces += [("▁" + c, -3.0) for c in chars] + [(c, -4.0) for c in chars]
+    pieces += [("▁" + w, -1.0) for w in words]
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=max_length)
 
 
-def t5_vocab_size() -> int:
-    return 4 + 2 * (127 - 32)
+def t5_vocab_size(words: tuple[str, ...] = ()) -> int:
+    return 4 + 2 * (127 - 32) + len(words)
 
 
 # The Qwen chat-format special tokens (Qwen2-VL / Qwen2.5-VL share them).

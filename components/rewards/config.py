@@ -12,6 +12,7 @@ Aggregation = Literal["sum", "gdpo"]
 # Built-in reward names -> their classes' import paths (imported only where scoring happens)
 BUILTIN: dict[str, str] = {
     "brightness": "components.rewards.brightness:Brightness",
+    "geneval_shapes": "components.rewards.geneval_shapes:GenEvalShapes",
     "jpeg_compressibility": "components.rewards.jpeg:JpegCompressibility",
     "jpeg_incompressibility": "components.rewards.jpeg:JpegIncompressibility",
     "ocr": "components.rewards.ocr:OcrReward",

@@ -26,7 +26,7 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 os.environ["MLFLOW_TRACKING_URI"] = ""  # tracking is measured by bench_tracking.py
 
 from components.trainer.training_run import train
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 TARGET = 1.1
 EPOCH_KEYS = ("time/sampling", "time/scoring", "time/training")
@@ -34,7 +34,7 @@ EPOCH_KEYS = ("time/sampling", "time/scoring", "time/training")
 
 def _run(output: Path, epochs: int, workers: int, *overrides: str) -> tuple[float, float]:
     """(median steady-state epoch seconds, seconds outside the epochs)."""
-    config = load_config(None, [f"train.epochs={epochs}", "tracking.registered_model=null", *overrides])
+    config = load_config(TINY_CONFIG, [f"train.epochs={epochs}", "tracking.registered_model=null", *overrides])
     start = time.perf_counter()
     result = train(config, output, log=lambda _m: None, workers=workers)
     wall = time.perf_counter() - start

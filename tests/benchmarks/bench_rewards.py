@@ -106,17 +106,17 @@ def batching(repeats: int) -> None:
 def overlap(epochs: int, batch_size: int) -> None:
     """The last batch's scoring cannot overlap anything, so 1 + 1/batches is the floor."""
     from components.trainer.loop import Trainer
-    from pipeline.config import load_config
+    from pipeline.config import TINY_CONFIG, load_config
 
     batch = [f"sampling.batch_size_per_worker={batch_size}"]
     with tempfile.TemporaryDirectory() as out:
-        base = Trainer(load_config(None, batch), Path(out) / "a", log=lambda _m: None)
+        base = Trainer(load_config(TINY_CONFIG, batch), Path(out) / "a", log=lambda _m: None)
         base.run_epoch()  # warm-up
         sampling = statistics.median(base.run_epoch()["time/sampling"] for _ in range(epochs))
-        config = load_config(None, batch)
+        config = load_config(TINY_CONFIG, batch)
         n_batches = config.sampling.prompts_per_epoch * config.sampling.group_size // batch_size
         per_call = sampling / n_batches
-        slow = load_config(None, [*batch,
+        slow = load_config(TINY_CONFIG, [*batch,
             "rewards=[{name: brightness}, {name: 'reward_fixtures:Sleep', label: slow, weight: 0.0, "
             f"args: {{seconds: {per_call}}}}}]"])
         trainer = Trainer(slow, Path(out) / "b", log=lambda _m: None)

@@ -26,7 +26,7 @@ import torch
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
 from components.models.loading import load_model
 from components.trainer.training_run import train
-from pipeline.config import CONFIG_DIR, load_config
+from pipeline.config import CONFIG_DIR, TINY_CONFIG, load_config
 
 FAMILIES = {"tiny-sd3": "tiny-cpu.yaml", "tiny-flux": "tiny-flux-cpu.yaml", "tiny-qwenimage": "tiny-qwenimage-cpu.yaml"}
 
@@ -76,7 +76,7 @@ def print_ratios(results: dict[str, dict[str, float]], repeats: int, batch: int,
 
 
 def epoch_shares(epochs: int) -> None:
-    config = load_config(None, [f"train.epochs={epochs}", f"train.checkpoint_every={epochs}"])
+    config = load_config(TINY_CONFIG, [f"train.epochs={epochs}", f"train.checkpoint_every={epochs}"])
     with tempfile.TemporaryDirectory() as out:
         result = train(config, out, log=lambda _m: None)
     rows = result.history[1:] or result.history  # the first epoch pays one-off warm-up

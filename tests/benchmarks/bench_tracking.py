@@ -24,7 +24,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 from components.trainer.training_run import train
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 from pipeline.local_run import patched_environ
 from pipeline.services.mlflow_server import running_mlflow
 from pipeline.services.seaweed import running_seaweed
@@ -41,7 +41,7 @@ def _epoch_seconds(output: str, epochs: int, tracking_env: dict[str, str]) -> fl
             stamps[int(message.split()[1].split("/")[0])] = time.perf_counter()
 
     with patched_environ(tracking_env):
-        config = load_config(None, [f"train.epochs={epochs}", "tracking.registered_model=null",
+        config = load_config(TINY_CONFIG, [f"train.epochs={epochs}", "tracking.registered_model=null",
                                     f"tracking.experiment=bench-{uuid.uuid4().hex[:6]}"])
         train(config, output, log=log)
     return (stamps[epochs] - stamps[1]) / (epochs - 1)

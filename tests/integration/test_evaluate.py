@@ -12,7 +12,7 @@ from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.evaluate import evaluate
 from components.registry.versions import apply_gate
 from components.trainer.training_run import train
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 EVAL = EvalConfig(images_per_prompt=2, max_prompts=6, bootstrap_samples=500)
 
@@ -30,7 +30,7 @@ def trained(services, tmp_path_factory):
         for key, value in {**s3.env(), **mlflow.env(),
                            "FLOWGRPO_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}.items():
             mp.setenv(key, value)
-        config = load_config(None, [f"tracking.registered_model={name}", "tracking.system_metrics=false",
+        config = load_config(TINY_CONFIG, [f"tracking.registered_model={name}", "tracking.system_metrics=false",
                                     "tracking.sample_every=0"])
         result = train(config, f"s3://{s3.bucket}/eval/{uuid.uuid4().hex[:8]}", log=_quiet)
     assert result.learning_summary()["learned"]

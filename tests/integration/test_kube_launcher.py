@@ -14,7 +14,7 @@ from kmock import KubernetesError, ResourceInfo, action, resource
 from components.errors import LaunchError
 from components.launch.kubernetes import rayjobs as kube
 from components.launch.kubernetes.rayjob import build_rayjob
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 pytestmark = pytest.mark.asyncio
 RAYJOBS = "ray.io/v1/rayjobs"
@@ -25,7 +25,7 @@ POLL_S = 0.05
 
 @pytest.fixture
 def manifest():
-    return build_rayjob(load_config(None), run_id="kmock-1", output="s3://flowgrpo/runs/kmock-1")
+    return build_rayjob(load_config(TINY_CONFIG), run_id="kmock-1", output="s3://flowgrpo/runs/kmock-1")
 
 
 @pytest.fixture

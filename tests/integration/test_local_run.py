@@ -111,7 +111,7 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
     assert "View the dashboard" not in out and out.count("MLflow run ") == 2  # train and evaluate, once each
     printed = dict(re.findall(r"^(MLflow run|report|LoRA|samples|registered model|log): (\S+)", out, re.M))
     report = Path(printed["report"])
-    assert report.is_file() and report.suffix == ".html" and "brightness" in report.read_text()
+    assert report.is_file() and report.suffix == ".html" and "geneval_strict" in report.read_text()
     assert Path(printed["log"]).is_file() and "Got executor_input" in Path(printed["log"]).read_text()
     # The LoRA on this machine, in a folder named by the run id of its S3 output, with how to load it.
     lora_path = Path(printed["LoRA"])
@@ -177,7 +177,7 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert "reward/std" in parent.data.metrics and all(k.startswith("reward/") for k in parent.data.metrics)
         assert [f.path for f in client.list_artifacts(parent_id, "samples")] == grids
         evaluate = by_name["evaluate"]
-        assert "eval/brightness/delta" in evaluate.data.metrics
+        assert "eval/geneval/delta" in evaluate.data.metrics and "eval/geneval_strict/delta" in evaluate.data.metrics
         assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
 
         version = client.get_model_version("flowgrpo-lora", "1")

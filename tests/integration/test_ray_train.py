@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from components.errors import ConfigError
 from components.trainer import checkpoint as ckpt
 from components.trainer.training_run import train
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 SMALL = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "tracking.system_metrics=false",
@@ -41,7 +41,7 @@ def _lines():
 
 
 def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(tmp_path, capfd):
-    config = load_config(None, [*SMALL, "train.epochs=2", "train.checkpoint_every=1"])
+    config = load_config(TINY_CONFIG, [*SMALL, "train.epochs=2", "train.checkpoint_every=1"])
     _, log = _lines()
     single = train(config, tmp_path / "single", log=log)
     one = train(config, tmp_path / "one", log=log, workers=1)
@@ -52,8 +52,9 @@ def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(
     # batch sizes are per worker: 2 workers with micro-batches of 2 take the single process's optimizer steps of 4
     # samples; the 2-worker run also shards the frozen transformer (FSDP over Ray Train's gloo group) and
     # recomputes activations, which must change nothing it samples
-    sharded = load_config(None, [*SMALL, "train.epochs=2", "train.checkpoint_every=1", "train.batch_size_per_worker=2",
-                                 "train.sharding=fsdp", "train.gradient_checkpointing=true"])
+    sharded = load_config(TINY_CONFIG, [*SMALL, "train.epochs=2", "train.checkpoint_every=1",
+                                        "train.batch_size_per_worker=2", "train.sharding=fsdp",
+                                        "train.gradient_checkpointing=true"])
     capfd.readouterr()
     two = train(sharded, tmp_path / "two", log=log, workers=2)
     worker_lines = capfd.readouterr().err  # the workers' status lines, forwarded by Ray
@@ -69,7 +70,7 @@ def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(
 
 
 def test_worker_counts_that_cannot_split_an_epoch_are_refused(tmp_path):
-    config = load_config(None, [*SMALL, "sampling.prompts_per_epoch=3", "sampling.batch_size_per_worker=4",
+    config = load_config(TINY_CONFIG, [*SMALL, "sampling.prompts_per_epoch=3", "sampling.batch_size_per_worker=4",
                                 "train.batch_size_per_worker=4", "sampling.group_size=4"])
     with pytest.raises(ConfigError, match=r"2 workers: sampling.prompts_per_epoch \(3\) must be a multiple"):
         train(config, tmp_path / "x", workers=2)
@@ -80,8 +81,8 @@ def test_two_workers_learn_into_s3_and_mlflow(services, env):
     s3, mlflow = services
     experiment = f"ray-{uuid.uuid4().hex[:6]}"
     uri = f"s3://{s3.bucket}/ray/{uuid.uuid4().hex[:8]}"
-    config = load_config(None, ["train.epochs=16", "train.checkpoint_every=8", f"tracking.experiment={experiment}",
-                                "tracking.sample_every=8"])
+    config = load_config(TINY_CONFIG, ["train.epochs=16", "train.checkpoint_every=8",
+                                       f"tracking.experiment={experiment}", "tracking.sample_every=8"])
     _, log = _lines()
     result = train(config, uri, log=log, workers=2)
     summary = result.learning_summary()
@@ -104,7 +105,7 @@ def _train_workers() -> list[psutil.Process]:
 
 def test_killing_a_worker_resumes_from_the_last_checkpoint_and_finishes(tmp_path):
     out = tmp_path / "run"
-    config = load_config(None, [*SMALL, "train.epochs=6", "train.checkpoint_every=2"])
+    config = load_config(TINY_CONFIG, [*SMALL, "train.epochs=6", "train.checkpoint_every=2"])
     first_manifest = out / "checkpoints" / "epoch-000002" / "_MANIFEST.json"
     killed: dict[str, float] = {}
 

@@ -23,7 +23,7 @@ from components.launch.kubernetes.reward_server import (
     service_url,
     teardown_kubernetes,
 )
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 pytestmark = pytest.mark.asyncio
 NS = "flowgrpo"
@@ -96,7 +96,7 @@ async def _deploy(kmock, steps=(), *overrides: str, judge_steps=()):
     """deploy_to_kubernetes in a thread while the controller plays ``steps``: its URL or what it raised, and the
     lines it logged."""
     lines: list[str] = []
-    config = load_config(None, ["reward_deploy.ready_timeout_s=15", *overrides])
+    config = load_config(TINY_CONFIG, ["reward_deploy.ready_timeout_s=15", *overrides])
     tasks = [asyncio.create_task(_controller(kmock, steps))]
     if judge_steps:
         tasks.append(asyncio.create_task(_controller(kmock, judge_steps, judge_name(NAME))))
@@ -255,7 +255,7 @@ async def test_rbac_denial_names_verb_resource_and_namespace(cluster, act, path,
 
 
 async def test_an_unreachable_api_is_one_clear_error():
-    config = load_config(None)
+    config = load_config(TINY_CONFIG)
     error = await asyncio.to_thread(_catch, lambda: deploy_to_kubernetes(
         config, name=NAME, namespace=NS, run_id=RUN_ID, log=lambda _: None, host="http://127.0.0.1:9"))
     assert isinstance(error, LaunchError) and "cannot reach the Kubernetes API at http://127.0.0.1:9" in str(error)

@@ -19,7 +19,7 @@ from PIL import Image
 
 from components.errors import LaunchError
 from components.launch.local import RECORDS, start_local, stop_all_local, stop_local
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 
 def _gone(pid: int) -> bool:
@@ -54,7 +54,7 @@ def _record(state_dir, name):
 
 
 def test_start_scores_reuses_and_stop_kills_the_process_group(state_dir):
-    config = load_config(None)  # brightness
+    config = load_config(TINY_CONFIG)  # brightness
     lines: list[str] = []
     url = start_local(config, name="rs-a", state_dir=state_dir, timeout_s=60, log=lines.append)
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+", url)
@@ -91,7 +91,7 @@ def test_the_server_survives_the_process_that_started_it(state_dir):
         from pathlib import Path
         from components.launch.local import start_local
         from pipeline.config import load_config
-        print(start_local(load_config(None), name="rs-b", state_dir=Path({str(state_dir)!r}), timeout_s=60,
+        print(start_local(load_config(TINY_CONFIG), name="rs-b", state_dir=Path({str(state_dir)!r}), timeout_s=60,
                           log=lambda _: None))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -104,9 +104,9 @@ def test_the_server_survives_the_process_that_started_it(state_dir):
 
 
 def test_settings_changed_under_the_same_name_restart_the_server(state_dir):
-    start_local(load_config(None), name="rs-c", state_dir=state_dir, timeout_s=60, log=lambda _: None)
+    start_local(load_config(TINY_CONFIG), name="rs-c", state_dir=state_dir, timeout_s=60, log=lambda _: None)
     pid = _record(state_dir, "rs-c")["pid"]
-    second = start_local(load_config(None, ["rewards.0.label=luma"]), name="rs-c", state_dir=state_dir,
+    second = start_local(load_config(TINY_CONFIG, ["rewards.0.label=luma"]), name="rs-c", state_dir=state_dir,
                          timeout_s=60, log=lambda _: None)
     assert _gone(pid) and _record(state_dir, "rs-c")["pid"] != pid
     assert [r["key"] for r in httpx.get(f"{second}/v1/rewards").json()["rewards"]] == ["luma"]
@@ -116,8 +116,8 @@ def test_an_unknown_reward_fails_with_the_log_and_leaves_no_process(state_dir):
     # an import path passes the config's check (only the process that scores imports it); the server fails on it
     lines: list[str] = []
     with pytest.raises(LaunchError) as info:
-        start_local(load_config(None, ["rewards.0.name=no_such_module:Reward"]), name="rs-d", state_dir=state_dir,
-                    timeout_s=60, log=lines.append)
+        start_local(load_config(TINY_CONFIG, ["rewards.0.name=no_such_module:Reward"]), name="rs-d",
+                    state_dir=state_dir, timeout_s=60, log=lines.append)
     message = str(info.value)
     assert "reward server rs-d exited with code 2 before it was ready" in message
     assert "cannot import reward 'no_such_module:Reward'" in message  # from the log's tail
@@ -129,6 +129,7 @@ def test_a_reward_that_fails_to_load_fails_fast(state_dir):
     overrides = ["rewards=[{name: vlm_judge, args: {base_url: not-a-url, model: judge}}]"]
     lines: list[str] = []
     with pytest.raises(LaunchError) as info:
-        start_local(load_config(None, overrides), name="rs-e", state_dir=state_dir, timeout_s=60, log=lines.append)
+        start_local(load_config(TINY_CONFIG, overrides), name="rs-e", state_dir=state_dir, timeout_s=60,
+                    log=lines.append)
     assert "could not load its rewards" in str(info.value) and "base_url must be an http(s) URL" in str(info.value)
     assert _gone(int(re.search(r"\(pid (\d+)", lines[0]).group(1)))

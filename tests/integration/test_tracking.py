@@ -56,9 +56,9 @@ def _keys(s3: SeaweedS3, prefix: str) -> dict[str, bytes]:
 
 
 def _config(*overrides: str):
-    from pipeline.config import load_config
+    from pipeline.config import TINY_CONFIG, load_config
 
-    return load_config(None, [*SMALL, *overrides])
+    return load_config(TINY_CONFIG, [*SMALL, *overrides])
 
 
 def _header(path: Path) -> dict:
@@ -197,8 +197,8 @@ def test_kill_mid_checkpoint_upload_then_resume_matches_an_uninterrupted_run(ser
     args = [*SMALL, "train.epochs=6", f"tracking.experiment={experiment}", "tracking.registered_model=null",
             "tracking.system_metrics=false"]
     uri = f"s3://{s3.bucket}/runs/{uuid.uuid4().hex[:8]}"
-    killed = subprocess.run([sys.executable, "-c", KILLER, "train", "--output", uri, *args], cwd=REPO,
-                            capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    killed = subprocess.run([sys.executable, "-c", KILLER, "train", "--config", "tiny-cpu", "--output", uri, *args],
+                            cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert killed.returncode == 137, killed.stderr
     assert ckpt.latest_checkpoint(uri) == f"{uri}/checkpoints/epoch-000002"
     partial = _keys(s3, uri.split("/", 3)[3] + "/checkpoints/epoch-000004/")
@@ -349,7 +349,8 @@ def test_unreachable_mlflow_is_one_clear_line_and_not_fatal(services, env, tmp_p
     (port,) = free_ports(1)
     proc = _flowgrpo({**os.environ, **env, "MLFLOW_TRACKING_URI": f"http://alice:pa55word@127.0.0.1:{port}",
                       "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S": "1", "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S": "1"},
-                     "train", "--output", str(tmp_path / "out"), *SMALL, "train.epochs=1")
+                     "train", "--config", "tiny-cpu", "--output", str(tmp_path / "out"), *SMALL,
+                     "train.epochs=1")
     assert proc.returncode == 0, proc.stderr
     assert "pa55word" not in proc.stderr + proc.stdout
     reach = [line for line in proc.stderr.splitlines() if "MLflow" in line and "unreachable" in line]

@@ -6,7 +6,7 @@ import torch
 
 from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
 from components.flowgrpo.update import UpdateSettings, micro_batches, policy_update
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 ADVANTAGES = torch.tensor([0.5, 0.0, -1.2, 0.0, 0.8, 0.0, 0.0, 1.1])
 NONZERO = torch.nonzero(ADVANTAGES).flatten()
@@ -33,7 +33,7 @@ def test_micro_batches_keep_every_nonzero_sample_in_the_same_number_of_equal_bat
 
 
 def _rollout():
-    config = load_config(None, [])
+    config = load_config(TINY_CONFIG, [])
     from components.models.loading import load_model
 
     model = load_model(config.model, 0)
@@ -125,10 +125,10 @@ def test_the_sde_window_lies_inside_its_range_as_upstreams_does():
     """Upstream draws the window's start with random.randint(lo, hi - size): inclusive, inside [lo, hi)."""
     from components.trainer.loop import _sampler_settings
 
-    config = load_config(None, ["sampling.sde_window.size=2", "sampling.sde_window.range=[1,6]"])
+    config = load_config(TINY_CONFIG, ["sampling.sde_window.size=2", "sampling.sde_window.range=[1,6]"])
     windows = {_sampler_settings(config, torch.Generator().manual_seed(seed)).sde_steps for seed in range(200)}
     assert windows == {(1, 2), (2, 3), (3, 4), (4, 5)}
     settings = _sampler_settings(config, torch.Generator().manual_seed(0))
     assert settings.train_steps == settings.sde_steps  # only the window is trained
-    edge = load_config(None, ["sampling.sde_window.size=3", "sampling.sde_window.range=[7,10]"])
+    edge = load_config(TINY_CONFIG, ["sampling.sde_window.size=3", "sampling.sde_window.range=[7,10]"])
     assert _sampler_settings(edge, torch.Generator().manual_seed(0)).sde_steps == (7, 8, 9)  # the last steps

@@ -134,7 +134,7 @@ def _flow_factory_gdpo(rewards: dict[str, np.ndarray], weights: dict[str, float]
 def test_gdpo_defaults_to_the_per_group_std_of_each_reward():
     from components.rewards.base import RewardOutput
     from components.trainer.loop import rollout_advantages
-    from pipeline.config import load_config
+    from pipeline.config import TINY_CONFIG, load_config
 
     rng = np.random.default_rng(3)
     g = np.repeat(np.arange(4), 6)
@@ -144,11 +144,11 @@ def test_gdpo_defaults_to_the_per_group_std_of_each_reward():
     w = {"a": 1.0, "b": 0.5}
     expected = _flow_factory_gdpo({"a": r1, "b": r2}, w, g)
     two = ["reward_aggregation=gdpo", "rewards=[{name: brightness}, {name: jpeg_compressibility}]"]
-    config = load_config(None, two)
+    config = load_config(TINY_CONFIG, two)
     outputs = {"a": RewardOutput(r1, [None] * 24), "b": RewardOutput(r2, [None] * 24)}
     got = rollout_advantages(config, w, outputs, np.zeros(24), torch.tensor(g))
     np.testing.assert_allclose(got.numpy(), expected, rtol=2e-3, atol=2e-3)  # eps 1e-4 in the std, float32
-    glob = load_config(None, [*two, "train.gdpo_reward_std=global"])
+    glob = load_config(TINY_CONFIG, [*two, "train.gdpo_reward_std=global"])
     other = rollout_advantages(glob, w, outputs, np.zeros(24), torch.tensor(g))
     total = w["a"] * _numpy_advantages(r1, g, True) + w["b"] * _numpy_advantages(r2, g, True)
     np.testing.assert_allclose(other.numpy(), (total - total.mean()) / total.std(), rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import yaml
 
 from components.errors import ConfigError
 from components.trainer.config import describe_batches, epoch_split_problems
-from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
+from pipeline.config import CONFIG_DIR, DEFAULT_CONFIG, ExperimentConfig, load_config
 
 TINY = CONFIG_DIR / "tiny-cpu.yaml"
 SD35 = CONFIG_DIR / "sd35-medium-ocr.yaml"
@@ -125,10 +125,10 @@ def test_config_from_an_environment_variable(monkeypatch):
 
 def test_gate_rewards_must_be_eval_rewards():
     with pytest.raises(ConfigError, match=r"eval.gate.metric: 'ocr' is not an eval reward \(they are: brightness\)"):
-        load_config(None, ["eval.gate.metric=ocr"])
+        load_config(TINY, ["eval.gate.metric=ocr"])
     with pytest.raises(ConfigError, match=r"eval.gate.guards: 'aesthetic' is not an eval reward"):
-        load_config(None, ["eval.gate.guards={aesthetic: 0.1}"])
-    c = load_config(None, ["eval_rewards=[{name: jpeg_compressibility}]", "eval.gate.metric=jpeg_compressibility"])
+        load_config(TINY, ["eval.gate.guards={aesthetic: 0.1}"])
+    c = load_config(TINY, ["eval_rewards=[{name: jpeg_compressibility}]", "eval.gate.metric=jpeg_compressibility"])
     assert c.eval.gate.metric == "jpeg_compressibility"
 
 
@@ -307,3 +307,17 @@ def test_model_path_note_says_what_validate_can_know_of_the_model_here(tmp_path)
     assert note(str(tmp_path)) is None and note(f"file://{tmp_path}") is None
     with pytest.raises(ConfigError, match=r"model\.path: unsupported URI scheme"):
         note("http://example.com/sd35m")
+
+
+def test_the_embedded_default_is_the_shapes_demo_on_held_out_prompts():
+    c = load_config()
+    assert DEFAULT_CONFIG.name == "shapes-cpu.yaml"
+    assert (c.model.kind, c.model.resolution, c.dataset.source) == ("shapes-sd3", 48, "builtin:shapes")
+    assert [r.name for r in c.rewards] == ["geneval_shapes"] and c.dataset.test_fraction > 0
+    assert {r.args["mode"] for r in c.eval_rewards} == {"partial", "strict"}
+
+
+def test_the_shapes_model_refuses_a_resolution_it_was_not_trained_at():
+    with pytest.raises(ConfigError, match=r"model.resolution is 32, but the shapes-sd3 demo model was trained at "
+                                          r"48 px; set model.resolution: 48"):
+        load_config(DEFAULT_CONFIG, ["model.resolution=32"])

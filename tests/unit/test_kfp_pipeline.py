@@ -9,7 +9,7 @@ import yaml
 from kfp import components
 
 from components.errors import ConfigError
-from pipeline.config import config_from_parameter, dump_config, load_config
+from pipeline.config import DEFAULT_CONFIG, config_from_parameter, dump_config, load_config
 from pipeline.kfp_pipeline import COMPILED, MLFLOW_SECRET, S3_KEYS, S3_SECRET, compile_pipeline
 
 
@@ -26,7 +26,7 @@ def test_committed_yaml_loads_with_kfp_loader():
     component = components.load_component_from_file(str(COMPILED))
     assert component.name == "flowgrpo"
     assert set(component.component_spec.inputs) == {"config", "overrides", "storage_root", "ray_workers", "launcher"}
-    assert component.component_spec.inputs["config"].default == "tiny-cpu"
+    assert component.component_spec.inputs["config"].default == DEFAULT_CONFIG.stem == "shapes-cpu"
 
 
 def test_dag_order_and_exit_handler(compiled):
@@ -96,7 +96,7 @@ def test_cpu_variant_has_no_gpu(tmp_path):
 
 
 def test_config_parameter_forms():
-    default = load_config(None)
+    default = load_config(DEFAULT_CONFIG)
     assert config_from_parameter("") == default
     assert config_from_parameter("tiny-cpu", ["train.epochs=3"]).train.epochs == 3
     assert config_from_parameter(dump_config(default)) == default  # the YAML `run --local` passes

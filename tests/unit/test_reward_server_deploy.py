@@ -30,7 +30,7 @@ from components.launch.kubernetes.reward_server import (
 )
 from components.reward_server.entry import build_parser as reward_server_parser
 from components.reward_server.settings import ServerSettings
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 NS = "team-a"
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -42,7 +42,7 @@ JUDGE_REWARDS = ('rewards=[{name: ocr}, {name: vlm_judge, args: {base_url: "http
 
 
 def _objects(*overrides: str, run_id: str = "run-1") -> list[dict]:
-    config = load_config(None, list(overrides))
+    config = load_config(TINY_CONFIG, list(overrides))
     return build_reward_server_objects(config, name=reward_server_name(run_id), namespace=NS, run_id=run_id)
 
 
@@ -241,7 +241,7 @@ def test_gpus_and_placement_reach_the_pod():
 ])
 def test_bad_settings_name_the_key(override, needles):
     with pytest.raises(ConfigError) as info:
-        load_config(None, [override])
+        load_config(TINY_CONFIG, [override])
     for needle in needles:
         assert needle in str(info.value)
 
@@ -278,7 +278,7 @@ def test_only_the_runs_trainer_pods_reach_its_reward_server_and_only_that_server
     assert not selector_matches(server["spec"]["podSelector"], _pod_labels(objects, judge_name(name)))
 
     def trainer_pods(run_id: str) -> list[dict[str, str]]:
-        job = build_rayjob(load_config(None, []), run_id=run_id, output="s3://b/runs/x")
+        job = build_rayjob(load_config(TINY_CONFIG, []), run_id=run_id, output="s3://b/runs/x")
         spec = job["spec"]["rayClusterSpec"]
         return [g["template"]["metadata"]["labels"] for g in (spec["headGroupSpec"], *spec["workerGroupSpecs"])]
 

@@ -3,7 +3,7 @@
 import pytest
 
 from components.tracking import params as tp
-from pipeline.config import load_config
+from pipeline.config import TINY_CONFIG, load_config
 
 
 def test_flatten_indexes_sections_and_keeps_value_lists_whole():
@@ -44,7 +44,7 @@ def test_content_hash_ignores_key_order_and_sees_values():
 def test_lineage_tags(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(tp.GIT_COMMIT_ENV, "abc123")
     monkeypatch.setenv(tp.IMAGE_ENV, "registry/flowgrpo-trainer:0.1.0")
-    config = load_config().model_dump(mode="json")
+    config = load_config(TINY_CONFIG).model_dump(mode="json")
     tags = tp.lineage_tags(config, ["p1", "p2"])
     assert tags["flowgrpo.git_commit"] == "abc123"
     assert tags["flowgrpo.image"] == "registry/flowgrpo-trainer:0.1.0"
