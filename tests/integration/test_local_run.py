@@ -17,11 +17,13 @@ import psutil
 import pytest
 from kfp import dsl
 
+from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.local_run import BUCKET, _following_kfp_local, _Progress, local_services, patched_environ
 
 pytestmark = pytest.mark.slow
 CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
           "sampling.eval_num_steps=6"]
+REGISTERED = load_config(DEFAULT_CONFIG).tracking.registered_model  # the default run registers its LoRA there
 STEPS = ["prepare-dataset", "deploy-reward-server", "train", "evaluate", "register", "teardown"]
 
 
@@ -122,7 +124,7 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
     assert lora_path == workdir.resolve() / "runs" / run_id / "lora"
     assert report == lora_path.parent / "eval" / "report.html"
     assert sorted(p.name for p in Path(printed["samples"]).iterdir()) == [f"epoch-00000{i}.png" for i in range(4)]
-    assert printed["registered model"] == "flowgrpo-lora/1"
+    assert printed["registered model"] == f"{REGISTERED}/1"
     # The printed MLflow link opens the pipeline run on the port `flowgrpo ui` serves, in the model-training view.
     assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+\?workflowType=machine_learning",
                         printed["MLflow run"])
@@ -180,7 +182,7 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert "eval/geneval/delta" in evaluate.data.metrics and "eval/geneval_strict/delta" in evaluate.data.metrics
         assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
 
-        version = client.get_model_version("flowgrpo-lora", "1")
+        version = client.get_model_version(REGISTERED, "1")
         assert version.run_id == train_run.info.run_id
         assert version.tags["flowgrpo.lora_uri"] == lora
         assert version.tags["flowgrpo.gate"] == evaluate.data.tags["flowgrpo.gate"]

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.config import DEFAULT_CONFIG
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: rayjob_schema
 import rayjob_schema
 
@@ -39,7 +41,7 @@ def test_defaults_are_deterministic_from_the_config():
     manifest = yaml.safe_load(first.stdout)
     assert rayjob_schema.errors(manifest) == []
     run_id = manifest["metadata"]["annotations"]["flowgrpo.io/run-id"]
-    assert run_id.startswith("tiny-cpu-")
+    assert run_id.startswith(f"{DEFAULT_CONFIG.stem}-")
     assert manifest["metadata"]["annotations"]["flowgrpo.io/output"] == f"s3://flowgrpo/runs/{run_id}"
     changed = yaml.safe_load(flowgrpo("train.epochs=3").stdout)
     assert changed["metadata"]["name"] != manifest["metadata"]["name"]

@@ -90,7 +90,7 @@ def test_the_server_survives_the_process_that_started_it(state_dir):
     code = textwrap.dedent(f"""
         from pathlib import Path
         from components.launch.local import start_local
-        from pipeline.config import load_config
+        from pipeline.config import TINY_CONFIG, load_config
         print(start_local(load_config(TINY_CONFIG), name="rs-b", state_dir=Path({str(state_dir)!r}), timeout_s=60,
                           log=lambda _: None))
     """)
