@@ -75,7 +75,7 @@ def load_shapes_sd3(resolution: int, seed: int, weights: Path = WEIGHTS) -> Stab
     pipe = build_architecture(0, scaling_factor=scaling, shift_factor=shift)
     for name in MODULES:
         prefix = f"{name}."
-        getattr(pipe, name).load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
-    for name in MODULES:
-        getattr(pipe, name).eval().requires_grad_(False)
+        module = getattr(pipe, name)
+        module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+        module.eval().requires_grad_(False)
     return pipe
