@@ -90,6 +90,7 @@ def sample_rollout(
     generator: torch.Generator | Callable[[int], torch.Generator],
     on_batch: Callable[[np.ndarray, torch.Tensor], None] | None = None,
     embeds: PromptEmbeddings | None = None,
+    check: Callable[[], None] | None = None,
 ) -> Rollout:
     """Sample ``group_size`` images for each prompt, ``batch_size`` images per forward pass.
 
@@ -98,6 +99,8 @@ def sample_rollout(
 
     ``on_batch(images, prompt_indices)`` is called as soon as each batch is decoded, so scoring can
     overlap the sampling of the next batch. ``embeds`` are the prompts' embeddings when already computed.
+    ``check()`` is called before every denoising step; what it raises abandons the rollout (a batch's scoring
+    failed for good: the rest of the epoch's sampling would be thrown away).
     """
     if embeds is None:
         embeds = model.encode_prompts(prompts)
@@ -116,6 +119,8 @@ def sample_rollout(
         x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
         states, lps = [], []
         for i in range(settings.num_steps):
+            if check is not None:
+                check()
             s, s_next = levels[i], levels[i + 1]
             v = model.predict_velocity(x, s, cond, settings.guidance_scale)
             if i in sde_steps:

@@ -80,16 +80,20 @@ class RemoteRewardSet:
         return False
 
     async def _watched(self, request: Awaitable[httpx.Response], url: str) -> httpx.Response:
-        """``request``, failed once the server has not answered /healthz for the retry window."""
+        """``request``, failed once the server has not answered /healthz for the retry window, counted from the
+        first probe it did not answer (not from the last it did, which may be a probe interval earlier)."""
         task = asyncio.ensure_future(request)
-        window, last_alive = self.config.retry_window_s, time.monotonic()
+        window, down_since = self.config.retry_window_s, None
         while True:
             done, _ = await asyncio.wait({task}, timeout=self._probe_interval)
             if done:
                 return task.result()
+            probed = time.monotonic()
             if await self._alive():
-                last_alive = time.monotonic()
-            elif time.monotonic() - last_alive > window:
+                down_since = None
+            elif down_since is None:
+                down_since = probed
+            elif time.monotonic() - down_since >= window:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task

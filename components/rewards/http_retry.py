@@ -41,26 +41,30 @@ async def send_with_retries(
     """Call ``send`` until it returns a non-transient response (returned, whatever its status).
 
     Connection errors, timeouts (``timeout_s`` bounds one attempt), 408, 429 and 5xx are retried
-    ``retries`` times (``None``: no count limit) and, with ``window_s``, only while the next attempt would
-    start within ``window_s`` of the first; sleeping ``backoff_s * 2**k`` with +-50% jitter (at most
-    ``MAX_BACKOFF_S`` within a window, or longer when the server's ``Retry-After`` asks for it), outside
+    ``retries`` times (``None``: no count limit) and, with ``window_s``, until ``window_s`` have passed since
+    the first failure: the pause before the attempt that would start past the window is shortened so that
+    the last attempt starts as the window ends. Pauses are ``backoff_s * 2**k`` with +-50% jitter (at most
+    ``MAX_BACKOFF_S`` within a window, or longer when the server's ``Retry-After`` asks for it), slept outside
     ``limit`` so a request that backs off does not hold an in-flight slot. ``on_retry`` hears one line per
     retry: the attempt, the wait and the cause.
     """
     if retries is None and window_s is None:
         raise ValueError("send_with_retries needs retries or window_s")
-    problem, asked, started = "", 0.0, time.monotonic()
-    attempt = 0
+    problem, asked, first_failure = "", 0.0, 0.0
+    attempt, last = 0, False
     while True:
         if attempt:
-            if retries is not None and attempt > retries:
+            if last or (retries is not None and attempt > retries):
                 break
             pause = max(asked, backoff_s * 2 ** min(attempt - 1, 30) * random.uniform(0.5, 1.5))
             if window_s is not None:
                 pause = max(asked, min(pause, MAX_BACKOFF_S))
-                left = window_s - (time.monotonic() - started)
-                if pause >= left:
+                left = window_s - (time.monotonic() - first_failure)
+                if left <= 0:  # the window ended during the last attempt
                     break
+                # the window's end is the last attempt, not the point past which no pause fits
+                last = pause >= left
+                pause = min(pause, left)
             if on_retry is not None:
                 budget = f"{retries} retries" if window_s is None else f"{left:.0f} s of the {window_s:g} s window left"
                 on_retry(f"attempt {attempt + 1} in {pause:.1f} s ({budget}): {problem}")
@@ -71,12 +75,14 @@ async def send_with_retries(
                 response = await send()
         except TimeoutError:
             problem = f"timed out after {timeout_s:g} s"
-            continue
         except httpx.TransportError as exc:
             problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            continue
-        if not is_transient(response.status_code):
-            return response
-        asked = retry_after_s(response) or 0.0
-        problem = f"HTTP {response.status_code}: {response.text[:EXCERPT]}"
-    raise RetriesExhausted(f"gave up after {attempt} attempts in {time.monotonic() - started:.0f} s, last: {problem}")
+        else:
+            if not is_transient(response.status_code):
+                return response
+            asked = retry_after_s(response) or 0.0
+            problem = f"HTTP {response.status_code}: {response.text[:EXCERPT]}"
+        if attempt == 1:  # a request that ran long before the server went away still gets the whole window
+            first_failure = time.monotonic()
+    raise RetriesExhausted(f"gave up after {attempt} attempts in {time.monotonic() - first_failure:.0f} s, "
+                           f"last: {problem}")

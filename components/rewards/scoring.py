@@ -192,16 +192,28 @@ class BackgroundScoring:
                 self._pending.append(
                     self._pool.submit(self.scorer.score, images, prompts, metadata, group_ids, self.pointwise))
 
+    def check(self) -> None:
+        """Raise the failure of a batch already scored, as ``finish`` would, without waiting for the others: the
+        sampler calls it between steps, so a reward server gone past its retry window stops sampling at once."""
+        for future in self._pending:
+            error = future.exception() if future.done() and not future.cancelled() else None
+            if error is not None:
+                self._abandon()
+                raise error
+
     def finish(self) -> dict[str, RewardOutput]:
         """Every sample's outputs, in order. On a failure the batches not yet started are dropped and the pool
         is let go at once; the requests in flight end when the scorer is closed (the trainer always closes it)."""
         try:
             return self._collect()
         except BaseException:
-            for future in self._pending:
-                future.cancel()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._abandon()
             raise
+
+    def _abandon(self) -> None:
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _collect(self) -> dict[str, RewardOutput]:
         results = [f.result() for f in self._pending]

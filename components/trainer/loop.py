@@ -331,8 +331,9 @@ class Trainer:
 
         t0 = time.perf_counter()
         prompt_texts = [r.prompt for r in mine]
+        # a batch whose scoring failed for good (the reward server gone past its retry window) stops sampling
         rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
-                                 on_batch=score_batch, embeds=self.prompts(prompt_texts))
+                                 on_batch=score_batch, embeds=self.prompts(prompt_texts), check=scoring.check)
         t1 = time.perf_counter()
         outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
         t2 = time.perf_counter()

@@ -24,6 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 SLACK_S = 15  # the epoch in progress, and the process's own exit
 # 4 sampling batches an epoch: several scoring requests are in flight when the server goes away
 IN_FLIGHT = ["sampling.batch_size_per_worker=2", "train.epochs=500"]
+# an epoch whose sampling alone takes far longer than the window (32 batches of 2 images x 120 steps, ~20 s on
+# 2 cores), trained on one SDE step of each sample so that the update stays cheap
+LONG_SAMPLING_BATCHES = 32
+LONG_SAMPLING = ["sampling.prompts_per_epoch=8", "sampling.group_size=8", "sampling.batch_size_per_worker=2",
+                 "sampling.num_steps=120", "sampling.sde_window={size: 1, range: [0, 120]}", "train.epochs=3"]
+EXIT_S = 5  # from the request that gives up to the process's exit: the CLI's error line and interpreter teardown
 
 
 def _quiet(_m):
@@ -126,3 +132,50 @@ def test_a_server_back_within_the_window_costs_nothing(small_config, tmp_path):
     assert "window left)" in stderr  # it did retry
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert without_timing(rows) == without_timing(reference.history)
+
+
+@pytest.mark.slow
+def test_a_killed_server_stops_sampling_when_the_window_ends(small_config, tmp_path):
+    """The epoch's sampling is abandoned once a request gives up: the stop comes within the window, one sampling
+    batch (the one in progress when the server died, whose request opens the window) and the exit, not after the
+    epoch's remaining sampling."""
+    port, window, out = free_port(), 5, tmp_path / "run"
+    with _server(port) as server:
+        trainer = _trainer(small_config(*LONG_SAMPLING), out, port, f"reward_server.retry_window_s={window}")
+        _wait_for_epochs(out, 1, trainer, timeout_s=300)
+        server.kill()
+        sampling_s = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["time/sampling"]
+        batch_s = sampling_s / LONG_SAMPLING_BATCHES
+        bound = window + batch_s + EXIT_S
+        # the workload makes the old behaviour (stopping after the epoch's sampling) visible
+        assert sampling_s > bound + 5, f"epoch sampling took {sampling_s:.1f} s: too short to tell"
+        took, stderr = _stopped_within(trainer, sampling_s + SLACK_S)
+    _assert_stopped_cleanly(out, trainer.returncode, stderr, port)
+    assert "gave up after" in stderr and f"(reward_server.retry_window_s {window} s)" in stderr
+    assert ckpt.read_checkpoint(ckpt.latest_checkpoint(out)).epoch == 1
+    assert took < bound, (f"stopped {took:.1f} s after the kill; bound {bound:.1f} s (window {window} s + a "
+                          f"{batch_s:.2f} s batch + {EXIT_S} s), epoch sampling {sampling_s:.1f} s")
+
+
+def test_a_server_back_late_in_the_window_is_used(small_config, tmp_path):
+    """A server restarted on its port at 2/3 of the window is used: every request keeps trying until its window
+    has truly elapsed, and the run finishes with no sample lost. (The old rule gave up once the next doubled,
+    jittered pause no longer fitted: with 8 requests retrying, at least one gave up before 8 s of 12 in all but
+    about 1 in 250 runs, by a simulation of that schedule.)"""
+    port, window, back_at, epochs, out = free_port(), 12, 8, 8, tmp_path / "run"
+    with _server(port) as server:
+        trainer = _trainer(small_config("sampling.batch_size_per_worker=1"), out, port, f"train.epochs={epochs}",
+                           f"reward_server.retry_window_s={window}", "reward_server.max_in_flight=8")
+        _wait_for_epochs(out, 2, trainer)
+        server.kill()
+        killed = time.monotonic()
+        server.wait()
+    time.sleep(max(0.0, back_at - 1 - (time.monotonic() - killed)))  # the server takes about 1 s to start
+    with _server(port):
+        back = time.monotonic() - killed
+        _, stderr = trainer.communicate(timeout=300)
+    assert 0.5 * window < back < 0.85 * window, f"the server was back {back:.1f} s after the kill"
+    assert trainer.returncode == 0, stderr
+    assert "window left)" in stderr  # it did retry
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == epochs and all(r["reward/brightness/failed_fraction"] == 0 for r in rows)
