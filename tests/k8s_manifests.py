@@ -93,6 +93,27 @@ def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
+def admits(policy: dict[str, Any], labels: dict[str, str], port: int, *,
+           namespace: dict[str, str] | None = None) -> bool:
+    """Whether the NetworkPolicy ``policy`` lets a pod labelled ``labels`` reach ``port`` of the pods it selects. The
+    client is in the policy's own namespace, unless ``namespace`` gives the labels of another one."""
+    own = namespace is None
+    namespace_labels = {"kubernetes.io/metadata.name": policy["metadata"].get("namespace", "")} if own else namespace
+    for rule in policy["spec"].get("ingress") or []:
+        ports = {p["port"] for p in rule.get("ports") or []}
+        if ports and port not in ports:
+            continue
+        if "from" not in rule:
+            return True  # from anywhere
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer, policy["metadata"]["name"]
+            in_namespace = (selector_matches(peer["namespaceSelector"], namespace_labels or {})
+                            if "namespaceSelector" in peer else own)
+            if in_namespace and selector_matches(peer.get("podSelector") or {}, labels):
+                return True
+    return False
+
+
 _SUFFIX = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 

@@ -6,18 +6,24 @@ rather than watching (kmock matches `watch=true`, the client sends `watch=True`)
 
 import asyncio
 import copy
+import sys
 import threading
+from pathlib import Path
 
 import pytest
-from kmock import KubernetesError, ResourceInfo, action, resource
+from kmock import KubernetesError, action, resource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
+from kube_emulator import serve
 
 from components.errors import LaunchError
 from components.launch.kubernetes import rayjobs as kube
-from components.launch.kubernetes.rayjob import build_rayjob
+from components.launch.kubernetes.rayjob import build_network_policy, build_rayjob
 from pipeline.config import TINY_CONFIG, load_config
 
 pytestmark = pytest.mark.asyncio
 RAYJOBS = "ray.io/v1/rayjobs"
+NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
 NS = "flowgrpo"
 # kmock matches every request against all earlier ones (quadratic): keep the number of polls small.
 POLL_S = 0.05
@@ -30,13 +36,16 @@ def manifest():
 
 @pytest.fixture
 def cluster(kmock):
-    """kmock with the RayJob CRD installed."""
-    kmock.resources[RAYJOBS] = ResourceInfo(kind="RayJob", namespaced=True, subresources={"status"})
-    return kmock
+    """kmock with the RayJob CRD installed (and NetworkPolicies)."""
+    return serve(kmock)
 
 
 def _key(manifest):
     return resource(RAYJOBS), NS, manifest["metadata"]["name"]  # `in kmock.objects` needs a parsed resource
+
+
+def _policy_key(manifest):
+    return resource(NETWORK_POLICIES), NS, manifest["metadata"]["name"]
 
 
 def _fetches(kmock) -> int:
@@ -86,7 +95,11 @@ async def test_success_is_followed_through_every_state(cluster, manifest):
                                                                                    "head-svc:8265")
     stored = cluster.objects[_key(manifest)]
     assert stored["spec"] == manifest["spec"] and stored["metadata"]["name"] == "flowgrpo-kmock-1"
-    assert len(cluster[action.CREATE]) == 1
+    assert len(cluster[action.CREATE, cluster.resource(RAYJOBS)]) == 1
+    policy = cluster.objects[_policy_key(manifest)]  # the Ray pods' own, owned by the RayJob
+    assert policy["metadata"]["ownerReferences"] == [{"apiVersion": "ray.io/v1", "kind": "RayJob",
+                                                      "name": "flowgrpo-kmock-1", "uid": stored["metadata"]["uid"]}]
+    assert policy["spec"] == build_network_policy(manifest, "x")["spec"]
     changes = [line.split(": ", 1)[1].split(" after")[0] for line in lines if "(Ray job" in line]
     # "New" (no status yet) shows only when the first poll beats the operator.
     assert [c for c in changes if not c.startswith("New")] == [
@@ -146,11 +159,32 @@ async def test_rbac_denial_names_verb_resource_and_namespace(cluster, manifest):
 
 async def test_an_existing_rayjob_of_the_same_run_is_followed_not_replaced(cluster, manifest):
     done = copy.deepcopy(manifest) | {"status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}}
+    done["metadata"]["uid"] = "3f0c-uid-of-the-first-submission"
     cluster.objects[_key(manifest)] = done
     result, lines = await _submit(cluster, manifest)
     assert isinstance(result, kube.RayJobResult) and result.succeeded, result
     assert any("already exists with this config" in line for line in lines)
     assert not cluster.objects[_key(manifest)].deleted
+    owner = cluster.objects[_policy_key(manifest)]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == "3f0c-uid-of-the-first-submission"
+    again, lines = await _submit(cluster, manifest)  # a third time: the policy too is kept
+    assert isinstance(again, kube.RayJobResult), again
+    assert f"NetworkPolicy {NS}/flowgrpo-kmock-1 already exists with this manifest (deployed before): kept" in lines
+    assert len(cluster[action.UPDATE]) == 0
+
+
+async def test_without_its_network_policy_the_rayjob_is_deleted(cluster, manifest):
+    cluster[action.CREATE, cluster.resource(NETWORK_POLICIES)] << KubernetesError(
+        status=403, reason="Forbidden",
+        message='networkpolicies.networking.k8s.io is forbidden: User "system:serviceaccount:flowgrpo:pipeline-runner" '
+                'cannot create resource "networkpolicies" in API group "networking.k8s.io"')
+    error, _ = await _submit(cluster, manifest)
+    assert isinstance(error, LaunchError), error
+    message = str(error)
+    assert message.startswith("forbidden: cannot create networkpolicies.networking.k8s.io in namespace flowgrpo")
+    assert "RayJob flowgrpo/flowgrpo-kmock-1 deleted: its Ray pods do not run without their NetworkPolicy" in message
+    assert cluster.objects[_key(manifest)].deleted
+    assert _fetches(cluster) == 0  # never followed
 
 
 async def test_an_existing_rayjob_with_another_config_is_refused(cluster, manifest):

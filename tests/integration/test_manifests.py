@@ -35,6 +35,7 @@ from k8s_manifests import (
     IMAGES,
     MANIFESTS,
     REPO,
+    admits,
     containers,
     dockerfile_instructions,
     dockerfile_stages,
@@ -266,30 +267,15 @@ def test_no_credential_is_written_in_plain_text(renders):
 
 # --- RBAC ---------------------------------------------------------------------------------------------------------
 
-EXPECTED_GRANTS = {
-    ("ray.io", "rayjobs"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("", "services"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("", "configmaps"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("", "pods"): {"get", "list"},
-    ("", "events"): {"get", "list"},
-    ("", "pods/log"): {"get"},
-}
-
-
-def test_rbac_is_a_role_in_the_namespace_granting_exactly_what_the_pipeline_needs(renders):
+def test_rbac_is_a_role_in_the_namespace_with_the_base_rules(renders):
+    """What the rules grant is checked against the launcher's calls in test_launcher_rbac.py; the overlays keep
+    them as they are."""
     for name, obj in _all(renders):
         assert obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "Namespace"), name
+    base = _one(renders["base"], "Role", "flowgrpo-pipeline-runner")
     for key in OVERLAYS:
         objs = renders[key]
-        role = _one(objs, "Role", "flowgrpo-pipeline-runner")
-        grants: dict[tuple[str, str], set[str]] = {}
-        for rule in role["rules"]:
-            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    grants.setdefault((group, resource), set()).update(rule["verbs"])
-        assert grants == EXPECTED_GRANTS  # no "*", no secrets, no escalate/bind/impersonate, nothing else
+        assert _one(objs, "Role", "flowgrpo-pipeline-runner")["rules"] == base["rules"], key
         binding = _one(objs, "RoleBinding", "flowgrpo-pipeline-runner")
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                       "name": "flowgrpo-pipeline-runner"}
@@ -349,12 +335,11 @@ def test_dockerfile_runs_as_a_numeric_non_root_user(target):
                for _, ins, _ in stage[last_user + 1:])
 
 
-def test_services_run_read_only_without_an_api_token(renders):
-    deployments = [(name, obj) for name, obj in _all(renders) if obj["kind"] == "Deployment"]
-    assert len(deployments) >= 6
-    for name, d in deployments:
-        spec = d["spec"]["template"]["spec"]
-        label = f"{name} Deployment/{d['metadata']['name']}"
+def test_services_and_ray_pods_run_read_only_without_an_api_token(renders):
+    pods = [(f"{name} {where}", spec) for name, obj in _all(renders) if obj["kind"] in ("Deployment", "RayJob")
+            for where, spec in pod_specs(obj)]
+    assert len(pods) >= 10
+    for label, spec in pods:
         assert spec.get("automountServiceAccountToken") is False, label  # none of them calls the Kubernetes API
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
         for c in containers(spec):
@@ -414,16 +399,12 @@ def test_every_deployment_has_a_network_policy(renders):
                     and "Ingress" in p["spec"]["policyTypes"]], f"{key}: {d['metadata']['name']} is open"
 
 
-def _admitted(policy: dict[str, Any], labels: dict[str, str], port: int) -> bool:
-    for rule in policy["spec"].get("ingress") or []:
-        ports = {p["port"] for p in rule.get("ports") or []}
-        if ports and port not in ports:
-            continue
-        for peer in rule.get("from") or [{}]:
-            assert "namespaceSelector" not in peer and "ipBlock" not in peer  # same namespace only
-            if selector_matches(peer.get("podSelector") or {}, labels):
-                return True
-    return False
+def test_the_services_policies_admit_pods_of_their_own_namespace_only(renders):
+    policies = [o for o in renders["overlays/gpu"] if o["kind"] == "NetworkPolicy"]
+    assert len(policies) == 3
+    for policy in policies:
+        for rule in policy["spec"]["ingress"]:
+            assert rule["from"] and all(set(peer) == {"podSelector"} for peer in rule["from"]), policy
 
 
 def test_reward_server_admits_only_the_trainer_and_the_evaluation(renders):
@@ -431,16 +412,74 @@ def test_reward_server_admits_only_the_trainer_and_the_evaluation(renders):
     trainer_pods = [labels for _, labels in pod_templates(renders["overlays/gpu/rayjob"][0])]
     assert len(trainer_pods) == 2  # head and workers, labelled by the launcher
     for labels in trainer_pods:
-        assert _admitted(policy, labels, 8600)
-        assert not _admitted(policy, labels, 8000)  # the port, not the pod
-    assert _admitted(policy, {"app.kubernetes.io/component": "evaluate"}, 8600)
+        assert admits(policy, labels, 8600)
+        assert not admits(policy, labels, 8000)  # the port, not the pod
+    assert admits(policy, {"app.kubernetes.io/component": "evaluate"}, 8600)
     for other in ({}, {"app.kubernetes.io/component": "mlflow"}, {"app.kubernetes.io/component": "vllm-judge"},
                   {"app.kubernetes.io/name": "flowgrpo"}, {"app": "trainer"}):
-        assert not _admitted(policy, other, 8600), other
+        assert not admits(policy, other, 8600), other
     judge = _one(renders["overlays/gpu"], "NetworkPolicy", "flowgrpo-vllm-judge")
     reward_pods = _one(renders["overlays/gpu"], "Deployment", "flowgrpo-reward-server")
-    assert _admitted(judge, reward_pods["spec"]["template"]["metadata"]["labels"], 8000)
-    assert not _admitted(judge, {"app.kubernetes.io/component": "mlflow"}, 8000)
+    assert admits(judge, reward_pods["spec"]["template"]["metadata"]["labels"], 8000)
+    assert not admits(judge, {"app.kubernetes.io/component": "mlflow"}, 8000)
+
+
+def test_ray_pods_keep_home_and_the_ray_session_on_empty_dirs(renders):
+    """The read-only root of the Ray containers: Ray's session directory (/tmp/ray) and every cache under $HOME on
+    the /tmp emptyDir, the object store on a memory-backed /dev/shm."""
+    for key in TEMPLATE_CONFIGS:
+        for where, spec in pod_specs(renders[key][0]):
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            (ray,) = spec["containers"]
+            mounts = {m["mountPath"]: volumes[m["name"]] for m in ray["volumeMounts"]}
+            assert set(mounts) == {"/tmp", "/dev/shm"}, where
+            assert mounts["/tmp"]["emptyDir"] == {} and mounts["/dev/shm"]["emptyDir"] == {"medium": "Memory"}, where
+            assert {e["name"]: e.get("value") for e in ray["env"]}["HOME"] == "/tmp", where
+
+
+COMPILED_PIPELINE = REPO / "pipeline" / "flowgrpo_pipeline.yaml"
+
+
+def _pipeline_step_labels() -> dict[str, dict[str, str]]:
+    """The labels of each step's pod in the compiled pipeline (kfp-kubernetes podMetadata), by executor."""
+    spec, platform = yaml.safe_load_all(COMPILED_PIPELINE.read_text())
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    return {name: ((executors.get(name) or {}).get("podMetadata") or {}).get("labels") or {}
+            for name in spec["deploymentSpec"]["executors"]}
+
+
+def test_mlflow_admits_exactly_the_pods_that_log(renders):
+    """Every pod the project runs, as it is labelled: the RayJob's head and workers and the pipeline's steps log;
+    KubeRay's submitter pod, the services (MLflow itself included) and a run's reward server and judge do not."""
+    from components.launch.kubernetes.rayjob import SUBMITTER_CRD_LABEL, SUBMITTER_NAME_LABEL
+    from components.launch.kubernetes.reward_server import build_reward_server_objects
+    from pipeline.config import TINY_CONFIG, load_config
+
+    logging, silent = {}, {"a pod without labels": {}, "another app": {"app.kubernetes.io/name": "other"}}
+    for key in TEMPLATE_CONFIGS:
+        rayjob = renders[key][0]
+        logging |= {f"{key} {group}": labels for group, labels in pod_templates(rayjob)}
+        name = rayjob["metadata"]["name"]  # KubeRay's labels and the Job controller's
+        silent[f"{key} submitter"] = {SUBMITTER_CRD_LABEL: "RayJob", SUBMITTER_NAME_LABEL: name,
+                                      "app.kubernetes.io/created-by": "kuberay-operator",
+                                      "batch.kubernetes.io/job-name": name, "job-name": name}
+    logging |= {f"pipeline step {step}": labels for step, labels in _pipeline_step_labels().items()}
+    assert len(logging) == 4 + 6
+    run = build_reward_server_objects(
+        load_config(TINY_CONFIG, ["rewards=[{name: vlm_judge, args: {base_url: 'http://j:8000/v1', model: j}}]"]),
+        name="flowgrpo-rs-run-1", namespace="flowgrpo", run_id="run-1")
+    for key, objs in [*((key, renders[key]) for key in OVERLAYS), ("a run's", run)]:
+        silent |= {f"{key} {obj['metadata']['name']}": obj["spec"]["template"]["metadata"]["labels"]
+                   for obj in objs if obj["kind"] == "Deployment"}
+    assert {"a run's flowgrpo-rs-run-1", "a run's flowgrpo-rs-run-1-judge", "overlays/gpu flowgrpo-mlflow",
+            "overlays/gpu flowgrpo-vllm-judge", "overlays/dev flowgrpo-reward-server"} <= set(silent)
+    for key in OVERLAYS:
+        policy = _one(renders[key], "NetworkPolicy", "flowgrpo-mlflow")
+        server = _one(renders[key], "Deployment", "flowgrpo-mlflow")
+        assert selector_matches(policy["spec"]["podSelector"], server["spec"]["template"]["metadata"]["labels"])
+        admitted = {who for who, labels in {**logging, **silent}.items() if admits(policy, labels, 5000)}
+        assert admitted == set(logging), key
+        assert not [who for who, labels in logging.items() if admits(policy, labels, 8265)]  # the port, not the pod
 
 
 # --- the services themselves --------------------------------------------------------------------------------------
@@ -775,7 +814,9 @@ def test_torch_goes_in_first_at_the_pyproject_pin(name):
     proc = _run(["sed", "-n", expr, str(REPO / "pyproject.toml")])
     assert proc.stdout.strip() == torch_pin.removeprefix("torch==")
     installs = [args for _, ins, args in build if ins == "RUN" and "pip install" in args]
-    assert '"torch==$torch_version"' in installs[0] and installs[-1].endswith("pip install --no-cache-dir /src")
+    # after the locked installers, torch first; the package (which brings torch's dependencies) last, locked
+    assert installs[0].endswith(f"{LOCKED} pip setuptools") and '"torch==$torch_version"' in installs[1]
+    assert installs[-1].endswith("-c /opt/locks/flowgrpo.txt /src")
     assert all("--no-cache-dir" in args for args in installs)
 
 

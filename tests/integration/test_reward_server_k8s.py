@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
-from kmock import KubernetesError, ResourceInfo, action, resource
+from kmock import KubernetesError, action, resource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
+from kube_emulator import RESOURCES, serve
 
 from components.errors import LaunchError
 from components.launch.kubernetes import deployments as kube
@@ -31,18 +36,13 @@ RUN_ID = "kmock-run-1"
 NAME = reward_server_name(RUN_ID)
 # kmock matches every request against all earlier ones (quadratic): keep the number of polls small.
 POLL_S = 0.05
-RESOURCES = {"apps/v1/deployments": "Deployment", "v1/services": "Service", "v1/configmaps": "ConfigMap",
-             "v1/pods": "Pod", "networking.k8s.io/v1/networkpolicies": "NetworkPolicy"}
 READY = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}
 JUDGE_REWARD = "rewards=[{name: vlm_judge, args: {base_url: 'http://127.0.0.1:8000/v1', model: judge}}]"
 
 
 @pytest.fixture
 def cluster(kmock):
-    for path, kind in RESOURCES.items():
-        kmock.resources[path] = ResourceInfo(kind=kind, namespaced=True,
-                                             subresources={"status"} if kind in ("Deployment", "Pod") else set())
-    return kmock
+    return serve(kmock)
 
 
 def _key(kind: str, name: str = NAME):

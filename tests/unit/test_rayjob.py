@@ -11,12 +11,23 @@ import pytest
 import yaml
 
 from components.errors import ConfigError, LaunchError
-from components.launch.kubernetes.rayjob import MAX_NAME, build_rayjob, default_run_id, rayjob_name, to_yaml
+from components.launch.kubernetes.rayjob import (
+    MAX_NAME,
+    SUBMITTER_CRD_LABEL,
+    SUBMITTER_NAME_LABEL,
+    build_network_policy,
+    build_rayjob,
+    default_run_id,
+    rayjob_name,
+    to_yaml,
+)
 from components.trainer.config import TrainingJobConfig
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: rayjob_schema
+import kubernetes_validate
 import rayjob_schema
+from k8s_manifests import admits, pod_templates
 
 TINY = CONFIG_DIR / "tiny-cpu.yaml"
 SD35 = CONFIG_DIR / "sd35-medium-ocr.yaml"
@@ -102,6 +113,7 @@ def test_every_rayjob_validates_against_the_kuberay_crd(path, overrides):
     assert len(pod.get("tolerations", [])) == len(cluster.workers.tolerations)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert worker["securityContext"]["allowPrivilegeEscalation"] is False
+    assert all(c["securityContext"]["readOnlyRootFilesystem"] is True for c in (head, worker))
     spec = manifest["spec"]
     assert spec["submissionMode"] == cluster.submission_mode
     assert spec.get("activeDeadlineSeconds") == cluster.active_deadline_seconds
@@ -256,3 +268,45 @@ def test_default_run_id_follows_the_config_content():
 def test_an_output_that_is_not_an_s3_prefix_is_refused(output):
     with pytest.raises(LaunchError, match=r"must be an s3:// URI: the Ray pods share no filesystem"):
         build_rayjob(load_config(TINY, []), run_id="run-1", output=output)
+
+
+def _submitter(name):
+    """The labels of KubeRay's submitter pod (K8sJobMode): KubeRay's own and the Job controller's."""
+    return {SUBMITTER_CRD_LABEL: "RayJob", SUBMITTER_NAME_LABEL: name,
+            "app.kubernetes.io/created-by": "kuberay-operator", "batch.kubernetes.io/job-name": name, "job-name": name}
+
+
+@pytest.mark.parametrize("version", ["1.35.0", "1.37.0"])
+def test_the_ray_pods_network_policy_is_a_valid_object_owned_by_its_rayjob(version):
+    _, manifest = _build(SD35)
+    policy = build_network_policy(manifest, "5c1e0f4a-uid")
+    kubernetes_validate.validate(policy, version, strict=True)
+    assert policy["metadata"]["ownerReferences"] == [
+        {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": manifest["metadata"]["name"], "uid": "5c1e0f4a-uid"}]
+    assert policy["metadata"]["namespace"] == manifest["metadata"]["namespace"]
+
+
+# GCS, dashboard, client, a raylet's, the dashboard agent's, a worker's
+@pytest.mark.parametrize("port", [6379, 8265, 10001, 8076, 52365, 12345])
+def test_the_ray_pods_are_reachable_from_their_own_rayjob_only(port):
+    _, manifest = _build(SD35, ["cluster.workers.replicas=2"])
+    name = manifest["metadata"]["name"]
+    policy = build_network_policy(manifest, "uid")
+    own = dict(pod_templates(manifest))
+    assert set(own) == {"head", "workers"}
+    for labels in own.values():  # the policy applies to the head and the workers
+        assert all(labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    for who in (own["head"], own["workers"], _submitter(name)):
+        assert admits(policy, who, port), who
+    _, other = _build(SD35, run_id="run-2")
+    strangers = [*dict(pod_templates(other)).values(), _submitter(other["metadata"]["name"]),
+                 {"app.kubernetes.io/component": "evaluate", "app.kubernetes.io/part-of": "flowgrpo"},
+                 {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/component": "reward-server"},
+                 {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/component": "mlflow"}, {}]
+    for who in strangers:
+        assert not admits(policy, who, port), who
+    # the same labels in another namespace are someone else's pods
+    assert not admits(policy, own["head"], port, namespace={"kubernetes.io/metadata.name": "elsewhere"})
+    # KubeRay's operator, in its own namespace, follows (HTTPMode: submits) the job on the dashboard, nothing else
+    operator = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/component": "kuberay-operator"}
+    assert admits(policy, operator, port, namespace={"kubernetes.io/metadata.name": "kuberay"}) is (port == 8265)

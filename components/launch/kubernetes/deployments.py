@@ -36,9 +36,9 @@ MANIFEST_HASH = "flowgrpo.io/manifest-sha256"
 # Container states that will not fix themselves: the deploy fails as soon as a pod shows one.
 IMAGE_PULL = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 
-_RUNNER = "create, get, list, patch and delete"
+_RUNNER = "create, get, patch and delete"
 DEPLOYMENT = Kind("Deployment", "deployments.apps", _RUNNER, "apps", "deployment")
-POD = Kind("Pod", "pods", "get and list", "core", "pod")
+POD = Kind("Pod", "pods", "list", "core", "pod")
 BUILTIN = {k.kind: k for k in (DEPLOYMENT, POD, Kind("Service", "services", _RUNNER, "core", "service"),
                                Kind("ConfigMap", "configmaps", _RUNNER, "core", "config_map"),
                                Kind("NetworkPolicy", "networkpolicies.networking.k8s.io", _RUNNER, "networking",

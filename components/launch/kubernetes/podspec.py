@@ -61,17 +61,21 @@ def resources(cpu: str, memory: str, gpus: int) -> dict[str, Any]:
     return {"requests": dict(limits), "limits": limits}
 
 
-def container_security(*, read_only_root: bool = False) -> dict[str, Any]:
-    security: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    if read_only_root:
-        security["readOnlyRootFilesystem"] = True
-    return security
+def container_security() -> dict[str, Any]:
+    """No privilege escalation, no capability, a read-only root filesystem: a pod writes only to its volumes."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
 
 
 def pod_security(uid: int) -> dict[str, Any]:
     """Non-root with the image's own numeric UID (runAsNonRoot needs a number to check)."""
     return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
             "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def network_policy(metadata: dict[str, Any], pods: dict[str, str], ingress: list[dict[str, Any]]) -> dict[str, Any]:
+    """A NetworkPolicy letting only the ``ingress`` rules reach the pods labelled ``pods``."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
+            "spec": {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"], "ingress": ingress}}
 
 
 def placement(node_selector: dict[str, str], tolerations: list[Toleration]) -> dict[str, Any]:

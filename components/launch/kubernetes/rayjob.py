@@ -28,6 +28,13 @@ NAME_PREFIX = "flowgrpo-"
 # services append up to "-serve-svc" within the 63 characters of a DNS label. It must be a DNS-1035 label.
 MAX_NAME = 47
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
+# The pod of KubeRay's submitter Job (K8sJobMode) carries no label of ours: KubeRay v1.7.0 labels it with the RayJob
+# it runs for (rayjob_controller.go, getSubmitterTemplate).
+SUBMITTER_CRD_LABEL, SUBMITTER_NAME_LABEL = "ray.io/originated-from-crd", "ray.io/originated-from-cr-name"
+# The KubeRay operator's pods, in whatever namespace (its Helm chart and its kustomize manifests both set this).
+OPERATOR_LABELS = {"app.kubernetes.io/component": "kuberay-operator"}
+
+
 class LaunchableConfig(Protocol):
     """What the launcher needs of an experiment config (pipeline.config.ExperimentConfig)."""
 
@@ -56,13 +63,17 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         "env": [
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "FLOWGRPO_IMAGE", "value": cluster.image},  # recorded as an MLflow lineage tag
+            # The root filesystem is read-only: every cache kept under $HOME (the base model copied from s3://,
+            # checkpoints being staged, torch, Triton, Hugging Face) goes to the /tmp emptyDir.
+            {"name": "HOME", "value": "/tmp"},
             *podspec.secret_env(cluster.s3_secret, podspec.S3_SECRET_KEYS),
             *podspec.secret_env(cluster.mlflow_secret, podspec.MLFLOW_SECRET_KEYS),
         ],
         "resources": podspec.resources(cpu, memory, gpus),
         "securityContext": podspec.container_security(),
-        # Ray's object store and NCCL use /dev/shm; the container default (64 MiB) is far too small.
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        # /tmp: Ray's session directory (/tmp/ray: logs, sockets, spilled objects) and $HOME. Ray's object store and
+        # NCCL use /dev/shm; the container default (64 MiB) is far too small.
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "dshm", "mountPath": "/dev/shm"}],
     }
     if head:
         container["ports"] = [{"name": name, "containerPort": port} for name, port in HEAD_PORTS]
@@ -70,7 +81,9 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         "automountServiceAccountToken": False,  # Ray and the trainer never call the Kubernetes API
         "containers": [container],
         "securityContext": podspec.pod_security(1000),
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        # No size limit on /tmp: it takes the node's disk as the container's writable layer did, and a base model
+        # of tens of GB must fit beside the checkpoints.
+        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     if not head:
         spec.update(podspec.placement(cluster.workers.node_selector, cluster.workers.tolerations))
@@ -104,7 +117,8 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
                           "(with a GPU node pool in cluster.workers.node_selector) or set model.device: auto")
 
     name = rayjob_name(run_id)
-    # the run id label (with the component) is what the run's reward server lets in (its NetworkPolicy)
+    # the run id label (with the component) is what the run's reward server lets in, the instance what the Ray
+    # pods' own NetworkPolicy does (build_network_policy)
     labels = {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "flowgrpo", **podspec.trainer_selector(run_id)}
     env_vars = {CONFIG_ENV: _dump(data), "HF_HUB_OFFLINE": "1"}
@@ -148,6 +162,30 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
                      "annotations": {"flowgrpo.io/run-id": run_id, "flowgrpo.io/output": output}},
         "spec": spec,
     }
+
+
+def ray_pods(name: str) -> dict[str, str]:
+    """The labels that pick the head and worker pods of the RayJob ``name``."""
+    return {"app.kubernetes.io/instance": name, "app.kubernetes.io/component": "trainer"}
+
+
+def build_network_policy(rayjob: dict[str, Any], uid: str) -> dict[str, Any]:
+    """The NetworkPolicy of a RayJob's Ray pods, owned by the RayJob (``uid``), so Kubernetes deletes it with the
+    RayJob. Every port of the head and workers (GCS 6379, dashboard 8265, client 10001, the raylets' and workers'
+    own) is reachable from the same RayJob's head, workers and submitter pod only; the dashboard also from the
+    KubeRay operator, which follows the job there (and submits it in HTTPMode)."""
+    meta = rayjob["metadata"]
+    name = meta["name"]
+    own = ray_pods(name)
+    submitter = {SUBMITTER_CRD_LABEL: "RayJob", SUBMITTER_NAME_LABEL: name}
+    metadata = {"name": name, "namespace": meta["namespace"], "labels": dict(meta["labels"]),
+                "annotations": dict(meta["annotations"]),
+                "ownerReferences": [{"apiVersion": API_VERSION, "kind": "RayJob", "name": name, "uid": uid}]}
+    return podspec.network_policy(metadata, own, [
+        {"from": [{"podSelector": {"matchLabels": own}}, {"podSelector": {"matchLabels": submitter}}]},
+        {"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_LABELS)}}],
+         "ports": [{"port": dict(HEAD_PORTS)["dashboard"], "protocol": "TCP"}]},
+    ])
 
 
 class _Dumper(yaml.SafeDumper):

@@ -3,6 +3,8 @@
 Names are deterministic (one RayJob per run id), so a RayJob that already exists is the same run submitted
 before (a retried pipeline step, a restarted launcher): it is followed, not replaced, when its entrypoint and
 runtime environment (which hold the whole config and the output) are the same, and refused otherwise.
+Each RayJob gets the NetworkPolicy of its Ray pods (``rayjob.build_network_policy``), owned by it: Kubernetes
+deletes it with the RayJob, whoever deletes that.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from components.launch.kubernetes.api import (
     transient,
     unreachable,
 )
+from components.launch.kubernetes.deployments import apply_objects
+from components.launch.kubernetes.rayjob import build_network_policy
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 RESOURCE = f"{PLURAL}.{GROUP}"
@@ -98,13 +102,15 @@ def _get(api: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, A
     return api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=REQUEST_TIMEOUT)
 
 
-def _create_or_reuse(api: client.CustomObjectsApi, manifest: dict[str, Any], log: Callable[[str], None]) -> None:
+def _create_or_reuse(api: client.CustomObjectsApi, manifest: dict[str, Any],
+                     log: Callable[[str], None]) -> dict[str, Any]:
+    """The RayJob as the API server stores it (with its uid)."""
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     try:
-        api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
-                                            _request_timeout=REQUEST_TIMEOUT)
+        created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest,
+                                                      _request_timeout=REQUEST_TIMEOUT)
         log(f"RayJob {namespace}/{name} created")
-        return
+        return created
     except ApiException as exc:
         if exc.status != 409:
             raise api_error(exc, "create", namespace, name, RAYJOB) from exc
@@ -119,6 +125,19 @@ def _create_or_reuse(api: client.CustomObjectsApi, manifest: dict[str, Any], log
         raise LaunchError(f"RayJob {namespace}/{name} already exists with another config or output: choose another "
                           f"run id, or delete it (kubectl delete rayjob -n {namespace} {name})")
     log(f"RayJob {namespace}/{name} already exists with this config (submitted before): following it")
+    return existing
+
+
+def _protect(api: client.CustomObjectsApi, manifest: dict[str, Any], uid: str, log: Callable[[str], None]) -> None:
+    """Create the Ray pods' NetworkPolicy, owned by the RayJob ``uid``; without it the RayJob is deleted (its Ray
+    ports must not stay open to the namespace)."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    try:
+        apply_objects([build_network_policy(manifest, uid)], api=api.api_client, log=log)
+    except LaunchError as exc:
+        cancel_rayjob(name, namespace, "delete", api=api)
+        raise LaunchError(f"{exc} (RayJob {namespace}/{name} deleted: its Ray pods do not run without their "
+                          "NetworkPolicy)") from exc
 
 
 def cancel_rayjob(name: str, namespace: str, mode: CancelMode = "delete", *,
@@ -200,7 +219,7 @@ def submit_rayjob(manifest: dict[str, Any], *, timeout_s: float | None = None, p
                   heartbeat_s: float = 60.0, log: Callable[[str], None] = status_line,
                   api: client.CustomObjectsApi | None = None, stop: threading.Event | None = None,
                   cancel_mode: CancelMode = "delete") -> RayJobResult:
-    """Create (or reuse, see the module doc) the RayJob and follow it to its end.
+    """Create (or reuse, see the module doc) the RayJob and its Ray pods' NetworkPolicy, and follow it to its end.
 
     Logs each state change and, while nothing changes, a line every ``heartbeat_s``. Returns when the Ray job
     succeeded; raises ``RayJobFailed`` (naming KubeRay's reason and message) when it did not, ``LaunchError``
@@ -213,7 +232,7 @@ def submit_rayjob(manifest: dict[str, Any], *, timeout_s: float | None = None, p
                           "to suspend other RayJobs); cancel by delete instead")
     api = api or client_for()
     _check_crd(api, namespace)
-    _create_or_reuse(api, manifest, log)
+    _protect(api, manifest, _create_or_reuse(api, manifest, log)["metadata"]["uid"], log)
     try:
         return _follow(api, namespace, name, timeout_s=timeout_s, poll_s=poll_s, heartbeat_s=heartbeat_s, log=log,
                        stop=stop, cancel_mode=cancel_mode)

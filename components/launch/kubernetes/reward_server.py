@@ -22,6 +22,7 @@ from components.launch.kubernetes.podspec import (
     S3_SECRET_KEYS,
     container_security,
     label_value,
+    network_policy,
     placement,
     pod_security,
     resources,
@@ -124,10 +125,8 @@ def _service(meta: dict[str, Any], port: int) -> dict[str, Any]:
 
 def _network_policy(meta: dict[str, Any], port: int, clients: dict[str, str]) -> dict[str, Any]:
     """Ingress to the pods of ``meta`` on ``port`` from pods labelled ``clients`` only (in this namespace)."""
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": copy.deepcopy(meta),
-            "spec": {"podSelector": {"matchLabels": _selector(meta)}, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [{"podSelector": {"matchLabels": clients}}],
-                                  "ports": [{"port": port, "protocol": "TCP"}]}]}}
+    return network_policy(copy.deepcopy(meta), _selector(meta), [{"from": [{"podSelector": {"matchLabels": clients}}],
+                                                                  "ports": [{"port": port, "protocol": "TCP"}]}])
 
 
 def _pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], *, node_selector: dict[str, str],
@@ -173,7 +172,7 @@ def _judge_objects(config: DeployableConfig, name: str, namespace: str, run_id: 
         "readinessProbe": _http_probe("/health", 5, 3, 3),
         "livenessProbe": _http_probe("/health", 15, 5, 4),
         "resources": resources(judge.cpu, judge.memory, judge.gpus),
-        "securityContext": container_security(read_only_root=True),
+        "securityContext": container_security(),
         "volumeMounts": [{"name": "models", "mountPath": MODELS, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}, {"name": "dshm", "mountPath": "/dev/shm"}],
     }
@@ -193,7 +192,7 @@ def _judge_objects(config: DeployableConfig, name: str, namespace: str, run_id: 
                     {"name": "FLOWGRPO_JUDGE_MODEL_DIR", "value": model_dir}, {"name": "HOME", "value": "/tmp"},
                     *secret_env(deploy.s3_secret, S3_SECRET_KEYS)],
             "resources": resources("1", "1Gi", 0),
-            "securityContext": container_security(read_only_root=True),
+            "securityContext": container_security(),
             "volumeMounts": [{"name": "models", "mountPath": MODELS}, {"name": "tmp", "mountPath": "/tmp"}],
         }]
     # Recreate: a rolling update would need a second GPU while the old pod still holds one.
@@ -232,7 +231,7 @@ def build_reward_server_objects(config: DeployableConfig, *, name: str, namespac
         "readinessProbe": _http_probe("/readyz", 5, 3, 3),
         "livenessProbe": _http_probe("/healthz", 10, 5, 3),
         "resources": resources(deploy.cpu, deploy.memory, deploy.gpus),
-        "securityContext": container_security(read_only_root=True),
+        "securityContext": container_security(),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
