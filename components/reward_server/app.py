@@ -18,13 +18,14 @@ import time
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from components.reward_server.batching import Batcher
+from components.reward_server.gate import GatedRoute, RequestGate
 from components.reward_server.settings import ServerSettings
 from components.rewards.base import BatchedReward, RewardOutput
 from components.rewards.codec import (
@@ -48,48 +49,6 @@ from components.rewards.wire import (
 
 log = logging.getLogger("flowgrpo.reward_server")
 COMPUTE_PATH = "/compute"
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` gets 413 before the app parses it."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(scope, receive, send)
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                return await self._reject(scope, receive, send)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        delivered = False
-
-        async def replay():
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay, send)
-
-    async def _reject(self, scope, receive, send) -> None:
-        message = f"request body exceeds the limit of {self.max_bytes} bytes"
-        key = "error" if scope.get("path") == COMPUTE_PATH else "detail"
-        await JSONResponse({key: message}, status_code=413)(scope, receive, send)
 
 
 class RewardService:
@@ -196,8 +155,6 @@ def _finite_or_none(scores: np.ndarray) -> list[float | None]:
 
 def create_app(settings: ServerSettings) -> FastAPI:
     service = RewardService(settings)
-    # requests holding decoded images: memory bounded by the settings, not by the traffic
-    holding = asyncio.Semaphore(settings.limits.max_concurrent_requests)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -208,7 +165,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="FlowGRPO reward server", version="1", lifespan=lifespan)
     app.state.service = service
-    app.add_middleware(BodyLimit, max_bytes=settings.limits.max_body_bytes)
+    # the scoring routes read, parse, decode and score within the gate's limits: memory bounded by the settings,
+    # not by the traffic
+    app.state.gate = RequestGate(settings.limits)
+    scoring = APIRouter(route_class=GatedRoute)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next):
@@ -217,14 +177,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
         service.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
         return response
 
-    def _error(request: Request, status: int, detail: Any) -> JSONResponse:
+    def _error(request: Request, status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
         if request.url.path == COMPUTE_PATH:
-            return JSONResponse({"error": detail if isinstance(detail, str) else json.dumps(detail)}, status)
-        return JSONResponse({"detail": detail}, status)
+            return JSONResponse({"error": detail if isinstance(detail, str) else json.dumps(detail)}, status, headers)
+        return JSONResponse({"detail": detail}, status, headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(request, exc.status_code, exc.detail)
+        return _error(request, exc.status_code, exc.detail, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -250,9 +210,10 @@ def create_app(settings: ServerSettings) -> FastAPI:
             for k, r in rewards.rewards.items()
         ])
 
-    @app.post("/v1/score", response_model=ScoreResponse,
-              responses={400: {"description": "unknown reward"}, 413: {"description": "over a limit"},
-                         422: {"description": "invalid request or image"}, 503: {"description": "not ready"}})
+    @scoring.post("/v1/score", response_model=ScoreResponse,
+                  responses={400: {"description": "unknown reward"}, 408: {"description": "body too slow"},
+                             413: {"description": "over a limit"}, 422: {"description": "invalid request or image"},
+                             503: {"description": "not ready, or request bodies at their bound"}})
     async def score(request: ScoreRequest) -> ScoreResponse:
         start = time.perf_counter()
         rewards = service.ready()
@@ -261,31 +222,30 @@ def create_app(settings: ServerSettings) -> FastAPI:
         if unknown:
             raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
                                      f"served: {', '.join(rewards.weights)}")
-        async with holding:
-            images = await run_in_threadpool(service.decode, request.images, request.pixels)
-            n = len(images)
-            metadata = request.metadata or [{} for _ in range(n)]
-            group_ids = request.group_ids or [0] * n
-            outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
+        images = await run_in_threadpool(service.decode, request.images, request.pixels)
+        n = len(images)
+        metadata = request.metadata or [{} for _ in range(n)]
+        group_ids = request.group_ids or [0] * n
+        outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
         return ScoreResponse(
             results={k: RewardResult(scores=_finite_or_none(o.scores), errors=o.errors, extra=o.extra)
                      for k, o in outputs.items()},
             seconds=time.perf_counter() - start,
         )
 
-    @app.post(COMPUTE_PATH, summary="Flow-Factory remote reward: the weighted sum of every served reward",
-              responses={413: {"description": "over a limit"}, 422: {"description": "invalid request"},
-                         500: {"description": "a reward failed"}, 503: {"description": "not ready"}})
+    @scoring.post(COMPUTE_PATH, summary="Flow-Factory remote reward: the weighted sum of every served reward",
+                  responses={408: {"description": "body too slow"}, 413: {"description": "over a limit"},
+                             422: {"description": "invalid request"}, 500: {"description": "a reward failed"},
+                             503: {"description": "not ready, or request bodies at their bound"}})
     async def compute(request: ComputeRequest) -> dict[str, Any]:
         rewards = service.ready()
         prompts, images_b64 = request.prompt_list(), request.image_list()
         if len(prompts) != len(images_b64):
             raise HTTPException(422, f"prompt has {len(prompts)} items but image has {len(images_b64)}")
-        extra = request.kwargs or request.extra or {}
-        metadata = [dict(extra) for _ in prompts]
-        async with holding:
-            images = await run_in_threadpool(service.decode, images_b64)
-            outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
+        images = await run_in_threadpool(service.decode, images_b64)  # checks the count first
+        # one mapping for every sample (rewards only read metadata): a copy each would cost images x its size
+        metadata = [request.kwargs or request.extra or {}] * len(prompts)
+        outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
         for key, out in outputs.items():
             if out.failed:
                 i = next(j for j, e in enumerate(out.errors) if e is not None)
@@ -296,4 +256,5 @@ def create_app(settings: ServerSettings) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(scoring)
     return app

@@ -36,10 +36,12 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from components.reward_server.app import create_app
+    from components.reward_server.protocol import h11_protocol
 
     keys = ", ".join(s.key for s in settings.rewards)
     status_line(f"reward server on http://{args.host}:{args.port} serving {keys}")
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                http=h11_protocol(settings.limits))
     return 0
 
 

@@ -14,21 +14,65 @@ from components.config_base import Section, format_validation_error, read_yaml_m
 from components.errors import ConfigError
 from components.rewards.config import RewardSpec, check_unique_keys
 
+# A request's body, per pixel of its images: base64 of raw RGB (what the trainer sends: 3 bytes, 4 characters) and
+# about the worst a PNG can be (incompressible); a JPEG is far smaller. Plus an allowance for the prompts, metadata
+# and JSON punctuation of the images of one request.
+BODY_BYTES_PER_PIXEL = 4
+BODY_ALLOWANCE_BYTES = 2**20
+DEFAULT_REQUEST_PIXELS = 16 * 512 * 512
+
+
+def body_bytes_for(request_pixels: int) -> int:
+    """The body size a request of ``request_pixels`` pixels needs at most: ``max_body_bytes``'s default."""
+    return BODY_BYTES_PER_PIXEL * request_pixels + BODY_ALLOWANCE_BYTES
+
 
 class Limits(Section):
-    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="request body size")
+    max_body_bytes: int = Field(
+        default=body_bytes_for(DEFAULT_REQUEST_PIXELS), ge=1024,
+        description="request body size, refused (413) from Content-Length or while reading. Default: derived from "
+                    "max_request_pixels, 4 bytes per pixel (base64 of raw RGB, or an incompressible PNG) + 1 MiB "
+                    "for prompts and metadata (17 MiB for the default 4 Mi pixels)",
+    )
     max_images: int = Field(default=256, ge=1, description="images per request")
     max_pixels: int = Field(default=4096 * 4096, ge=1, description="pixels per image, checked before decoding")
     max_request_pixels: int = Field(
-        default=256 * 512 * 512, ge=1,
+        default=DEFAULT_REQUEST_PIXELS, ge=1,
         description="pixels of all images of one request, summed from their headers before anything is decoded "
-                    "(default: 256 images of 512 x 512, 192 MiB decoded)",
+                    "(default: 16 images of 512 x 512, 12 MiB decoded: a sampling batch of every shipped recipe; "
+                    "a groupwise reward, sent an epoch's images per worker at once, needs more)",
     )
     max_concurrent_requests: int = Field(
         default=8, ge=1,
-        description="requests holding decoded images at once (decoding and scoring); more wait. With "
-                    "max_request_pixels it bounds the server's image memory to about 3 x this x that bytes",
+        description="requests parsed, decoded and scored at once; more wait, their bodies read (bodies held at "
+                    "once, read or waiting: at most 2 x this x max_body_bytes, 272 MiB by default; more get 503). "
+                    "With max_request_pixels it bounds the decoded images to about 3 copies x this x that x 3 bytes",
     )
+    max_json_values: int = Field(
+        default=100_000, ge=64,
+        description="JSON values (strings, numbers, lists, objects) in a body, counted from its commas and brackets "
+                    "before it is parsed (413): a parsed value costs ~50-100 bytes, so many short ones in a body "
+                    "within max_body_bytes would cost ~10x its size",
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="a request's line and headers must arrive within this of the connection opening or of the "
+                    "previous response, else the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="a body must arrive within this + its bytes / min_body_bytes_per_s, else 408 and the "
+                    "connection is closed",
+    )
+    min_body_bytes_per_s: int = Field(default=2**20, ge=1, description="see body_timeout_s")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _body_from_pixels(cls, data: Any) -> Any:
+        """A pixel budget that is given, and no body size: the body size follows it."""
+        if isinstance(data, dict) and "max_body_bytes" not in data and isinstance(data.get("max_request_pixels"), int):
+            return {**data, "max_body_bytes": body_bytes_for(data["max_request_pixels"])}
+        return data
 
 
 class Batching(Section):

@@ -32,18 +32,21 @@ def encode_raw_b64(images: np.ndarray) -> str:
 
 
 def decode_raw_b64(data: str, shape: tuple[int, int, int, int], max_pixels: int) -> np.ndarray:
-    """(B, H, W, 3) uint8 from ``encode_raw_b64``; the shape is checked before anything is decoded."""
+    """(B, H, W, 3) uint8 from ``encode_raw_b64``. The shape and the data's length are checked before anything is
+    allocated: a client-sent shape such as (1, 0, 2**62, 3) holds no bytes but no array can have it."""
     b, h, w, c = shape
-    if c != 3:
-        raise ImageDecodeError(f"pixels.shape must be (B, H, W, 3), got {tuple(shape)}")
+    if c != 3 or h < 1 or w < 1:
+        raise ImageDecodeError(f"pixels.shape must be (B, H, W, 3) with H and W at least 1, got {tuple(shape)}")
     if h * w > max_pixels:
         raise ImageTooLargeError(f"{w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
+    size = b * h * w * c
+    held = len(data) // 4 * 3 - data[-2:].count("=")  # what the base64 decodes to, if valid: known before decoding
+    if held != size:
+        raise ImageDecodeError(f"pixels.data holds {held} bytes but shape {tuple(shape)} needs {size}")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageDecodeError(f"pixels.data is not valid base64 ({exc})") from exc
-    if len(raw) != b * h * w * c:
-        raise ImageDecodeError(f"pixels.data holds {len(raw)} bytes but shape {tuple(shape)} needs {b * h * w * c}")
     return np.frombuffer(raw, dtype=np.uint8).reshape(b, h, w, c)
 
 

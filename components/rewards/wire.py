@@ -63,9 +63,10 @@ class RewardsResponse(BaseModel):
 
 class ComputeRequest(BaseModel):
     """Flow-Factory's RemoteRewardClient body. Only the prompts are required; both singular and
-    plural spellings are accepted, and the optional inputs may come as explicit nulls."""
+    plural spellings are accepted, and the optional inputs may come as explicit nulls. Any other field is
+    refused (Flow-Factory sends none)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     prompt: list[str] | None = None
     prompts: list[str] | None = None

@@ -244,3 +244,26 @@ def test_raw_pixels_are_scored_like_png(server):
         assert r.status_code == status and needle in r.json()["detail"], (pixels["shape"], r.text)
     both = {"prompts": ["a", "b"], "pixels": raw, "images": [encode_png_b64(imgs[0])] * 2}
     assert "not both" in httpx.post(f"{server}/v1/score", json=both).json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "needle"),
+    [
+        ([1, 0, 4611686018427387904, 3], "", "H and W at least 1"),  # no bytes, but no array can have that shape
+        ([1, 16, 0, 3], "", "H and W at least 1"),
+        ([0, 0, 0, 3], "", "H and W at least 1"),
+        ([1, -16, 16, 3], "", "pixels.shape.1: Input should be greater than or equal to 0"),
+        ([1, 2**62, 2**62, 3], "", "over the limit"),  # the product overflows int64
+        ([1, 2**70, 1, 3], "", "over the limit"),  # a dimension over int64
+        ([1, 16, 16], "", "pixels.shape"),
+        ([1, 16, 16, 3, 1], "", "pixels.shape"),
+        ([1, 4, 4, 3], "A" * 60, "pixels.data holds 45 bytes but shape (1, 4, 4, 3) needs 48"),
+        ([1, 4, 4, 3], "AA=A" + "A" * 60, "not valid base64"),
+        ([1, 4, 4, 3], "@" * 64, "not valid base64"),
+    ],
+)
+def test_a_client_sent_shape_is_checked_before_anything_is_allocated(server, shape, data, needle):
+    body = {"prompts": ["a"] * (shape[0] if 0 <= shape[0] < 9 else 1), "pixels": {"shape": shape, "data": data}}
+    r = httpx.post(f"{server}/v1/score", json=body)
+    assert r.status_code in (413, 422), r.text
+    assert needle in r.json()["detail"]

@@ -1,0 +1,57 @@
+"""uvicorn as the reward server runs it: h11 with a timeout on a request's line and headers, which uvicorn lacks (a
+client sending a header byte every few seconds would hold its connection for ever)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
+
+from components.reward_server.settings import Limits
+
+
+class HeaderTimeoutH11(H11Protocol):
+    """Closes the connection when a request's line and headers have not all arrived ``header_timeout_s`` after the
+    connection opened or the previous response ended (a body still arriving then counts too)."""
+
+    header_timeout_s: float
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._timed_cycle: RequestResponseCycle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._timed_cycle = self.cycle  # a request whose headers are complete starts another cycle
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expire)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _expire(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self._header_timer is not None and self.cycle is not self._timed_cycle:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.cycle.response_complete:  # no pipelined request started
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def h11_protocol(limits: Limits) -> type[H11Protocol]:
+    """The protocol class to give uvicorn (``http=``): h11 with ``limits.header_timeout_s``."""
+    return type("RewardServerH11", (HeaderTimeoutH11,), {"header_timeout_s": limits.header_timeout_s})
