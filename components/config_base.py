@@ -1,14 +1,20 @@
-"""The base every config section derives from, and one-line validation messages naming the key path."""
+"""The base every config section derives from, one-line validation messages naming the key path, and the one YAML
+loader every user-written YAML goes through."""
 
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.errors import ConfigError
+
+# A seed reaches torch.manual_seed (which takes < 2**64) after derivations such as seed x 1,000,003 + epoch; below
+# 2**32 every derivation stays far inside, and numpy's legacy seeding and MLflow's `long` parameters accept it too.
+SEED_LIMIT = 2**32
+Seed = Annotated[int, Field(ge=0, lt=SEED_LIMIT)]
 
 URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
@@ -39,9 +45,11 @@ def refuse_url_credentials(data: Any) -> Any:
 
 class Section(BaseModel):
     """Unknown keys are errors, not silently ignored; so are NaN and infinite numbers (a NaN reward weight or an
-    infinite timeout passes every ``gt`` / ``ge`` bound)."""
+    infinite timeout passes every ``gt`` / ``ge`` bound). Types are strict: ``true`` or ``"0.1"`` where a number is
+    meant, ``1`` where a boolean is meant, ``2.0`` where a whole number is meant are refused, not converted (an int
+    is still a valid float). A tuple field (a YAML list) is declared ``Field(strict=False)`` with strict items."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
     @classmethod
     def default_of(cls, key: str) -> Any:
@@ -67,12 +75,101 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return f"{lead} {source}: " + "; ".join(parts)
 
 
+# Anchors and aliases may stand for at most this many YAML nodes (scalars, lists, mappings) in all: reuse of a section
+# or a reward list takes tens; a "billion laughs" document (9 aliases of 9 aliases of ...) stands for billions,
+# which every reader of the data (validation, the credential check, a reward's JSON key) would walk.
+MAX_ALIAS_NODES = 10_000
+# Lists and mappings nested deeper than this are refused (PyYAML composes recursively: 50,000 `[` would end in a
+# RecursionError); the deepest shipped config nests 5.
+MAX_DEPTH = 64
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A document the loader refuses although it is well-formed YAML (a budget, a duplicate key)."""
+
+    def __init__(self, problem: str, mark: yaml.Mark) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader for every YAML a user writes (experiment configs, `key=value` values, pipeline
+    arguments, the reward server's settings), refusing what a plain ``safe_load`` accepts silently or unboundedly:
+    aliases past ``MAX_ALIAS_NODES``, a recursive alias, nesting past ``MAX_DEPTH``, a key given twice in one
+    mapping (``safe_load`` keeps the last). Numbers with an exponent and no dot (``3e-4``) are floats, as in YAML
+    1.2 (YAML 1.1 reads them as strings, which the strict config types would refuse)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._sizes: dict[int, int] = {}  # id(node) -> the nodes it stands for, its aliases expanded
+        self._aliased = 0  # nodes the aliases composed so far stand for
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            size = self._sizes.get(id(node))
+            if size is None:  # its anchor's node is still being composed: it would contain itself
+                raise _Refused(f"alias *{event.anchor} refers to a node that contains it (a recursive structure)",
+                               event.start_mark)
+            self._aliased += size
+            if self._aliased > MAX_ALIAS_NODES:
+                raise _Refused(f"alias *{event.anchor} expands the document's aliases past {MAX_ALIAS_NODES:,} "
+                               "nodes (a YAML bomb?); write the values out or reuse smaller parts", event.start_mark)
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(f"lists and mappings nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        self._sizes[id(node)] = 1 + sum(self._sizes[id(child)] for child in children)
+        return node
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        first: dict[tuple[str, str], yaml.Node] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE_TAG:
+                continue
+            if (seen := first.setdefault((key.tag, key.value), key)) is not key:
+                raise _Refused(f"duplicate key {key.value!r} (lines {seen.start_mark.line + 1} and "
+                               f"{key.start_mark.line + 1}); YAML would keep only the last", key.start_mark)
+        return node
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """``text`` parsed by ``ConfigLoader``; a ConfigError of one line naming ``source`` and the line otherwise."""
+    loader = ConfigLoader(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        kind = "" if isinstance(exc, _Refused) else "YAML syntax error: "
+        raise ConfigError(f"{where}: {kind}{exc.problem or exc.context}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: YAML error: {str(exc).splitlines()[0]}") from exc
+    finally:
+        loader.dispose()
+
+
 ENV_SOURCE = "env:"
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping; ConfigError naming the file (and line) otherwise.
-    ``env:NAME`` reads the YAML text from environment variable NAME instead (how a RayJob carries its config)."""
+    """A YAML file whose top level is a mapping, read by ``load_yaml``; ConfigError naming the file (and line)
+    otherwise. ``env:NAME`` reads the YAML text from environment variable NAME instead (how a RayJob carries its
+    config)."""
     source = str(path)
     try:
         if source.startswith(ENV_SOURCE):
@@ -83,14 +180,9 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
             raise ConfigError(f"config file {path} does not exist")
         else:
             text = path.read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc})") from exc
+    data = load_yaml(text, source)
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -55,8 +55,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from components.models.config import model_path_note
     from components.trainer.config import describe_batches, epoch_split_problems
+    from pipeline.config import check_rewards
 
     config = load_config(args.config, args.overrides)
+    check_rewards(config)
     workers = config.cluster.workers.replicas
     problems = epoch_split_problems(config, workers)
     if problems:
@@ -160,14 +162,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _parse_arguments(items: list[str]) -> dict:
-    import yaml
+    from components.config_base import load_yaml
 
     arguments = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"pipeline argument {item!r} must look like key=value")
-        arguments[key] = yaml.safe_load(value) if key in ("overrides", "ray_workers") else value
+        arguments[key] = load_yaml(value, f"pipeline argument {key}") if key in ("overrides", "ray_workers") else value
     return arguments
 
 

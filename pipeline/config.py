@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import ENV_SOURCE, format_validation_error, read_yaml_mapping
+from components.config_base import ENV_SOURCE, format_validation_error, load_yaml, read_yaml_mapping
 from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
@@ -67,15 +67,28 @@ class ExperimentConfig(TrainingJobConfig):
         return self.eval_rewards if self.eval_rewards is not None else self.rewards
 
 
+def check_rewards(config: ExperimentConfig) -> None:
+    """Resolve each reward this machine's run scores in-process with the function the trainer and the evaluation
+    build them with (``check_spec``: a custom reward's module is imported, its class must be a Reward, its
+    arguments must fit), so `flowgrpo validate` fails with the line `train` would: the training rewards unless
+    a reward server scores them, and the evaluation rewards (the training ones when ``eval_rewards`` is null)."""
+    from components.rewards.registry import check_spec
+
+    lists = {"eval_rewards": config.eval_rewards} if config.eval_rewards is not None else {}
+    if config.reward_server.url is None or config.eval_rewards is None:
+        lists = {"rewards": config.rewards, **lists}
+    for where, specs in lists.items():
+        for i, spec in enumerate(specs):
+            check_spec(spec, f"{where}.{i}")
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
+    if not isinstance(text, str):  # a pipeline's `overrides` argument is YAML: its items could be anything
+        raise ConfigError(f"override {text!r} must be a string key.sub=value, got {type(text).__name__}")
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like key.sub=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {key}: value {raw!r} is not valid YAML") from exc
-    return key.strip().split("."), value
+    return key.strip().split("."), load_yaml(raw, f"override {key.strip()}") if raw.strip() else None
 
 
 def apply_override(data: dict[str, Any], text: str) -> None:
@@ -158,10 +171,10 @@ def config_from_parameter(value: str, overrides: list[str] | None = None) -> Exp
         return load_config(path, overrides)
     shipped = ", ".join(example_configs())
     try:
-        data = yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config parameter: not a known config name ({shipped}) and not "
-                          f"valid YAML/JSON: {str(exc).splitlines()[0]}") from exc
+        data = load_yaml(value, "config parameter")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (the parameter is neither a known config name ({shipped}) nor a valid "
+                          "YAML/JSON config)") from exc
     if not isinstance(data, dict):
         # A file path cannot travel: the pipeline's pods do not see this machine's files.
         hint = (" (a file path does not reach the pipeline's pods; `flowgrpo submit --config FILE` sends the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from components.config_base import Section
+from components.config_base import Section, Seed
 
 
 class GateConfig(Section):
@@ -20,8 +20,11 @@ class GateConfig(Section):
 
 class EvalConfig(Section):
     images_per_prompt: int = Field(default=2, ge=1, le=64, description="images per prompt, each model")
-    seed: int = Field(default=1000, ge=0, description="prompt i is sampled with seed + i, for base and LoRA alike")
+    seed: Seed = Field(default=1000, description="prompt i is sampled with seed + i, for base and LoRA alike")
     max_prompts: int | None = Field(default=16, ge=1, description="evaluate at most this many prompts; null = all")
-    bootstrap_samples: int = Field(default=2000, ge=100, description="resamples for the confidence intervals")
+    bootstrap_samples: int = Field(
+        default=2000, ge=100, le=100_000,  # numpy draws samples x prompts indices at once
+        description="resamples for the confidence intervals",
+    )
     ci_level: float = Field(default=0.95, gt=0, lt=1)
     gate: GateConfig = Field(default_factory=GateConfig)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from components.config_base import Section
 
@@ -14,6 +14,11 @@ from components.config_base import Section
 # so a config that still spells `batch_size` is refused rather than silently changing meaning.
 SAMPLES_PER_STEP = ("samples per optimizer step = train.batch_size_per_worker x train.gradient_accumulation_steps "
                     "x workers")
+# Bounds on the counts that size loops and tensors, far above any recipe (upstream flow_grpo's largest epochs hold a
+# few thousand images; its configs say num_epochs=100000), so a typo such as 1e12 is refused here instead of
+# overflowing or allocating without end on the workers.
+MAX_EPOCHS = 1_000_000
+MAX_IMAGES_PER_EPOCH = 65_536
 
 
 def _refuse_renamed_batch_size(data: Any, section: str, meaning: str) -> Any:
@@ -27,7 +32,8 @@ def _refuse_renamed_batch_size(data: Any, section: str, meaning: str) -> Any:
 
 class SDEWindowConfig(Section):
     size: int = Field(ge=1, description="number of consecutive SDE steps")
-    range: tuple[int, int] = Field(
+    range: tuple[StrictInt, StrictInt] = Field(
+        strict=False,  # a YAML list
         description="[lo, hi]: the window lies within steps lo .. hi - 1, its first step drawn uniformly from "
                     "lo .. hi - size once per epoch (upstream's sde_window_range)",
     )
@@ -42,10 +48,12 @@ class SamplingConfig(Section):
     )
     noise_level: float = Field(default=0.7, gt=0, le=10, description="SDE noise level a")
     sde_type: Literal["sde", "cps"] = Field(default="sde", description="docs/ALGORITHM.md section 1 or 2")
-    group_size: int = Field(default=8, ge=1, description="images per prompt (K)")
-    prompts_per_epoch: int = Field(default=8, ge=1, description="prompt groups sampled per epoch")
+    group_size: int = Field(default=8, ge=1, le=MAX_IMAGES_PER_EPOCH, description="images per prompt (K)")
+    prompts_per_epoch: int = Field(default=8, ge=1, le=MAX_IMAGES_PER_EPOCH,
+                                   description="prompt groups sampled per epoch")
     batch_size_per_worker: int = Field(
-        default=16, ge=1, description="images per sampling forward pass on one worker (CFG doubles the rows)",
+        default=16, ge=1, le=MAX_IMAGES_PER_EPOCH,
+        description="images per sampling forward pass on one worker (CFG doubles the rows)",
     )
     sde_window: SDEWindowConfig | None = Field(default=None, description="Flow-GRPO-Fast: SDE only on a window")
 
@@ -56,6 +64,10 @@ class SamplingConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> SamplingConfig:
+        if self.prompts_per_epoch * self.group_size > MAX_IMAGES_PER_EPOCH:
+            raise ValueError(f"sampling.prompts_per_epoch x sampling.group_size = "
+                             f"{self.prompts_per_epoch * self.group_size:,} images per epoch; at most "
+                             f"{MAX_IMAGES_PER_EPOCH:,}")
         if self.sde_window is not None:
             lo, hi = self.sde_window.range
             size = self.sde_window.size
@@ -76,18 +88,22 @@ class EMAConfig(Section):
 
 
 class TrainConfig(Section):
-    epochs: int = Field(default=40, ge=1, description="rollout + update rounds")
+    epochs: int = Field(default=40, ge=1, le=MAX_EPOCHS, description="rollout + update rounds")
     learning_rate: float = Field(default=3e-3, gt=0, le=1)
-    adam_betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW's (beta1, beta2), each in [0, 1)")
+    adam_betas: tuple[StrictFloat, StrictFloat] = Field(
+        default=(0.9, 0.999), strict=False, description="AdamW's (beta1, beta2), each in [0, 1)",  # a YAML list
+    )
     weight_decay: float = Field(default=1e-4, ge=0)
     adam_eps: float = Field(default=1e-8, gt=0)
     batch_size_per_worker: int = Field(
-        default=16, ge=1, description="samples per training forward pass (micro-batch) on one worker",
+        default=16, ge=1, le=MAX_IMAGES_PER_EPOCH,
+        description="samples per training forward pass (micro-batch) on one worker",
     )
     gradient_accumulation_steps: int = Field(
-        default=1, ge=1, description=f"micro-batches each worker accumulates per optimizer step; {SAMPLES_PER_STEP}",
+        default=1, ge=1, le=MAX_IMAGES_PER_EPOCH,
+        description=f"micro-batches each worker accumulates per optimizer step; {SAMPLES_PER_STEP}",
     )
-    inner_epochs: int = Field(default=1, ge=1, description="passes over each epoch's samples")
+    inner_epochs: int = Field(default=1, ge=1, le=100, description="passes over each epoch's samples")
     skip_zero_advantage: bool = Field(
         default=True,
         description="train only the samples whose advantage is not 0 (groups whose rewards all agree, failed rewards), "

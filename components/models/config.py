@@ -19,7 +19,7 @@ TINY_LORA_TARGETS = [
 
 
 class LoRAConfig(Section):
-    rank: int = Field(default=8, ge=1, description="LoRA rank r")
+    rank: int = Field(default=8, ge=1, le=1024, description="LoRA rank r (above the layers' width it adds nothing)")
     alpha: float = Field(default=16.0, gt=0, description="LoRA alpha (scale = alpha / rank)")
     init: Literal["gaussian", "default"] = Field(default="gaussian", description="peft init_lora_weights")
     target_modules: list[str] = Field(

@@ -24,14 +24,34 @@ BUILTIN: dict[str, str] = {
 }
 
 
+def import_target(name: str) -> str:
+    """The ``module:attribute`` a reward name stands for: a built-in's, or the name itself when it is an import path
+    ``package.module:Class`` (or ``package.module.Class``) of dot-separated Python identifiers. ValueError saying
+    why otherwise (a file path, a typo): the one place both a config check and the trainer read a name."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    module, sep, attr = name.partition(":")
+    if not sep:
+        module, _, attr = name.rpartition(".")
+    if module and attr.isidentifier() and all(part.isidentifier() for part in module.split(".")):
+        return f"{module}:{attr}"
+    known = ", ".join(sorted(BUILTIN))
+    if any(c in name for c in ".:/\\"):
+        raise ValueError(f"reward {name!r} is neither a built-in ({known}) nor an import path package.module:Class "
+                         "of Python identifiers (a file path cannot name a reward: put its class in an importable "
+                         "module)")
+    raise ValueError(f"unknown reward {name!r}; known: {known} (or a custom reward as package.module:Class)")
+
+
 class RewardSpec(Section):
-    name: str = Field(min_length=1, description="registered reward name or dotted import path package.module:Class")
+    name: str = Field(min_length=1, description="built-in reward name or import path package.module:Class")
     label: str | None = Field(default=None, description="key in metrics and results (default: the name)")
     weight: float = Field(default=1.0, description="weight in the combined reward (docs/ALGORITHM.md section 5)")
     args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
     required: bool = Field(default=False, description="a failure of this reward aborts the step instead of "
                                                       "excluding the failed samples")
-    timeout_s: float = Field(default=300.0, gt=0, description="seconds one scoring call may take")
+    timeout_s: float = Field(default=300.0, gt=0, le=86400,  # threading refuses waits past ~9.2e9 s
+                             description="seconds one scoring call may take")
 
     @property
     def key(self) -> str:
@@ -39,12 +59,14 @@ class RewardSpec(Section):
 
 
 def check_names(specs: list[RewardSpec], where: str) -> None:
-    """Each name is a built-in reward or has the form of an import path (importing it is left to the process that
-    scores: the pipeline's light steps have no model libraries)."""
+    """Each name is a built-in reward or has the form of an import path. Importing it is left to
+    ``registry.check_spec``, which the processes that score and `flowgrpo validate` call: the pipeline's light
+    steps have no model libraries."""
     for i, spec in enumerate(specs):
-        if spec.name not in BUILTIN and "." not in spec.name and ":" not in spec.name:
-            raise ValueError(f"{where}.{i}.name: unknown reward {spec.name!r}; known: {', '.join(sorted(BUILTIN))} "
-                             "(or a dotted import path package.module:Class)")
+        try:
+            import_target(spec.name)
+        except ValueError as exc:
+            raise ValueError(f"{where}.{i}.name: {exc}") from exc
 
 
 def check_unique_keys(specs: list[RewardSpec], where: str) -> None:
@@ -63,7 +85,7 @@ class RewardServerConfig(Section):
         description="how long a reward server that refuses connections, answers 408/429/5xx or stops answering "
                     "its /healthz is retried and waited for before the run stops (a pod restart fits in the default)",
     )
-    max_in_flight: int = Field(default=4, ge=1, description="concurrent scoring requests")
+    max_in_flight: int = Field(default=4, ge=1, le=1024, description="concurrent scoring requests")
 
     @model_validator(mode="before")
     @classmethod

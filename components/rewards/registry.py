@@ -1,38 +1,46 @@
-"""Reward names -> classes (imported lazily, so heavy dependencies load only when used), dotted
-import paths for user rewards, and building rewards from their config."""
+"""Reward names -> classes (imported lazily, so heavy dependencies load only when used), import paths for user
+rewards, and building rewards from their config. ``check_spec`` is the one resolution: the trainer, the evaluation
+and the reward server call it through ``build_reward``, and `flowgrpo validate` calls it directly."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import json
+from typing import Any
 
+from pydantic import ValidationError
+
+from components.config_base import format_validation_error
 from components.errors import RewardError
 from components.rewards.base import Reward
-from components.rewards.config import BUILTIN, RewardSpec
-
-
-def _import(target: str, where: str) -> type[Reward]:
-    module_name, sep, attr = target.partition(":")
-    if not sep:
-        module_name, _, attr = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise RewardError(f"{where}.name: cannot import reward {target!r}: {exc}") from exc
-    if not (isinstance(cls, type) and issubclass(cls, Reward)):
-        raise RewardError(f"{where}.name: {target!r} is not a subclass of components.rewards.base.Reward")
-    return cls
+from components.rewards.config import RewardSpec, import_target
 
 
 def reward_class(name: str, where: str = "rewards") -> type[Reward]:
-    """A built-in name, or a dotted path ``package.module:Class`` / ``package.module.Class``."""
-    if name in BUILTIN:
-        return _import(BUILTIN[name], where)
-    if "." in name or ":" in name:
-        return _import(name, where)
-    raise RewardError(f"{where}.name: unknown reward {name!r}; known: {', '.join(sorted(BUILTIN))} "
-                      "(or a dotted import path package.module:Class)")
+    """The class of a built-in name, or of an import path ``package.module:Class`` / ``package.module.Class``,
+    whose module is imported (a user's module runs then, as it would when training)."""
+    try:
+        module_name, _, attr = import_target(name).partition(":")
+    except ValueError as exc:
+        raise RewardError(f"{where}.name: {exc}") from exc
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RewardError(f"{where}.name: cannot import reward {name!r}: {exc}") from exc
+    except Exception as exc:  # a user's module runs on import: whatever it raises, the reward cannot be used
+        raise RewardError(f"{where}.name: cannot import reward {name!r}: importing {module_name} raised "
+                          f"{type(exc).__name__}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if cls is None:
+        raise RewardError(f"{where}.name: cannot import reward {name!r}: module {module_name} has no {attr!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Reward)):
+        raise RewardError(f"{where}.name: {name!r} is not a subclass of components.rewards.base.Reward "
+                          f"(it is {type(cls).__name__} {cls!r:.60})")
+    if inspect.isabstract(cls):
+        raise RewardError(f"{where}.name: {name!r} is abstract (it does not implement "
+                          f"{', '.join(sorted(cls.__abstractmethods__))})")
+    return cls
 
 
 class RewardCache:
@@ -49,17 +57,29 @@ class RewardCache:
 
 
 def check_spec(spec: RewardSpec, where: str = "rewards") -> type[Reward]:
-    """Resolve the class and check the arguments against its constructor, without building anything."""
+    """Resolve the class and check the arguments against its constructor, without building anything. A wrapper
+    (a constructor taking ``cache``, such as ``rank``) has the reward configs among its arguments (mappings with a
+    ``name``) checked the same way."""
     cls = reward_class(spec.name, where)
     params = inspect.signature(cls).parameters
     args = dict(spec.args)
     if "cache" in params:
         args["cache"] = None
+        for key, value in spec.args.items():
+            if isinstance(value, dict) and "name" in value:
+                check_spec(_inner_spec(value, f"{where}.args.{key}"), f"{where}.args.{key}")
     try:
         inspect.signature(cls).bind(**args)
     except TypeError as exc:
         raise RewardError(f"{where}.args: {exc} (reward {spec.name!r})") from exc
     return cls
+
+
+def _inner_spec(value: dict[str, Any], where: str) -> RewardSpec:
+    try:
+        return RewardSpec.model_validate(value)
+    except ValidationError as exc:
+        raise RewardError(format_validation_error(exc, where)) from exc
 
 
 def build_reward(spec: RewardSpec, where: str = "rewards", cache: RewardCache | None = None) -> Reward:

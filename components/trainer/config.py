@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import Section, format_validation_error, refuse_url_credentials
+from components.config_base import Section, Seed, format_validation_error, refuse_url_credentials
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
 from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
@@ -21,7 +21,7 @@ from components.tracking.config import TrackingConfig
 class TrainingJobConfig(Section):
     """Everything the trainer reads. The pipeline's experiment config extends it."""
 
-    seed: int = Field(default=0, ge=0, description="seeds the tiny model, prompt order, noise and LoRA init")
+    seed: Seed = Field(default=0, description="seeds the tiny model, prompt order, noise and LoRA init")
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

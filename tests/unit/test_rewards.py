@@ -133,3 +133,56 @@ def test_rewards_that_never_return_cannot_deadlock_scoring():
     assert all(o["hang"].errors == ["timed out after 0.2s"] * 2 for o in outs)
     assert all(o["brightness"].failed == 0 for o in outs)
     assert elapsed < 20, elapsed
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/tmp/reward.py", "my rewards:X", "a:b:c", "pkg.:X"])
+def test_a_name_that_is_no_import_path_is_refused_when_the_config_loads(name):
+    from components.errors import ConfigError
+    from pipeline.config import load_config
+
+    # Before: the config loaded; train then died in importlib with a 57-line TypeError traceback.
+    with pytest.raises(ConfigError, match=r"rewards\.0\.name: .*(neither a built-in|unknown reward)") as info:
+        load_config(None, [f"rewards=[{{name: '{name}'}}]"])
+    assert "\n" not in str(info.value)
+    with pytest.raises(RewardError, match=r"^rewards\.0\.name: "):  # the trainer's resolution says the same
+        build_reward(RewardSpec(name=name), where="rewards.0")
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("foo.bar:Baz", "cannot import reward 'foo.bar:Baz': No module named 'foo'"),
+        ("os:system", "'os:system' is not a subclass of components.rewards.base.Reward"),
+        ("components.rewards.brightness:Nope", "module components.rewards.brightness has no 'Nope'"),
+        ("components.rewards.base:PointwiseReward", "is abstract (it does not implement score)"),
+        ("broken_reward_module:Reward", "importing broken_reward_module raised RuntimeError: no GPU here"),
+    ],
+)
+def test_validate_resolves_rewards_with_the_trainers_function(name, needle, tmp_path, monkeypatch):
+    from pipeline.config import check_rewards, load_config
+
+    (tmp_path / "broken_reward_module.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config(None, [f"rewards=[{{name: '{name}'}}]"])  # the form is an import path: it loads
+    with pytest.raises(RewardError) as validated:
+        check_rewards(config)  # what `flowgrpo validate` runs
+    with pytest.raises(RewardError) as trained:
+        RewardSet(config.rewards)  # what the trainer builds
+    message = str(validated.value)
+    assert message == str(trained.value) and message.startswith("rewards.0.name: ")
+    assert needle in message and "\n" not in message
+
+
+def test_validate_resolves_what_a_wrapper_builds_and_leaves_a_servers_rewards_to_it():
+    from pipeline.config import check_rewards, load_config
+
+    config = load_config(None, ["rewards=[{name: rank, args: {reward: {name: 'os:system'}}}]"])
+    with pytest.raises(RewardError, match=r"^rewards\.0\.args\.reward\.name: 'os:system' is not a subclass"):
+        check_rewards(config)
+    # Scored by the user's server (it may serve other names): only the evaluation rewards are resolved here.
+    served = load_config(None, ["rewards=[{name: 'their.server:Reward'}]", "reward_server.url=http://rewards:8600",
+                                "eval_rewards=[{name: 'os:system'}]", "eval.gate.metric='os:system'"])
+    with pytest.raises(RewardError, match=r"^eval_rewards\.0\.name: 'os:system'"):
+        check_rewards(served)
+    check_rewards(load_config(None, ["rewards=[{name: 'their.server:Reward'}]", "reward_server.url=http://r:8600",
+                                     "eval_rewards=[{name: brightness}]", "eval.gate.metric=brightness"]))

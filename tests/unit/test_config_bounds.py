@@ -1,0 +1,140 @@
+"""User YAML is read by one bounded loader, and every config number is a number within bounds the code can take."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from components.config_base import MAX_ALIAS_NODES, SEED_LIMIT, load_yaml
+from components.errors import ConfigError
+from components.flowgrpo.config import MAX_EPOCHS
+from components.reward_server.settings import load_settings
+from pipeline.config import config_from_parameter, load_config
+
+LAUGHS = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
+          *(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9))]  # 9**9 strings
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def _refused_fast(path: Path, needle: str) -> str:
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert time.monotonic() - start < 5  # before: hung for good (validation walked the 387 M expanded strings)
+    message = str(info.value)
+    assert "\n" not in message and needle in message, message
+    return message
+
+
+def test_a_billion_laughs_at_the_top_level_is_refused_naming_file_and_line(tmp_path):
+    path = _write(tmp_path, "\n".join(LAUGHS) + "\n")
+    message = _refused_fast(path, f"past {MAX_ALIAS_NODES:,} nodes")
+    assert message.startswith(f"{path}:5:")  # l4's first alias stands for 9**4 nodes: past the budget
+
+
+def test_a_billion_laughs_inside_a_rewards_args_is_refused(tmp_path):
+    # Before: validate said valid; train grew memory without bound (the reward cache's JSON key expands it).
+    args = "\n".join(f"      {line}" for line in LAUGHS)
+    path = _write(tmp_path, f"rewards:\n  - name: brightness\n    args:\n{args}\n")
+    assert _refused_fast(path, f"past {MAX_ALIAS_NODES:,} nodes").startswith(f"{path}:")
+
+
+def test_a_recursive_alias_and_deep_nesting_are_refused(tmp_path):
+    _refused_fast(_write(tmp_path, "data: &a {prompts: [*a]}\n"), "refers to a node that contains it")
+    _refused_fast(_write(tmp_path, "x: " + "[" * 5000 + "]" * 5000 + "\n"), "nested deeper than 64")
+
+
+def test_anchors_reused_within_the_budget_still_work(tmp_path):
+    path = _write(tmp_path, "rewards: &r [{name: brightness, weight: 2}]\neval_rewards: *r\n"
+                            "sampling: {<<: {group_size: 4, prompts_per_epoch: 4}, group_size: 8}\n")
+    config = load_config(path)
+    assert config.eval_rewards == config.rewards and config.rewards[0].weight == 2
+    assert (config.sampling.group_size, config.sampling.prompts_per_epoch) == (8, 4)  # a merge key may be overridden
+
+
+def test_a_duplicate_key_is_refused_naming_the_key_and_both_lines(tmp_path):
+    # Before: `seed: 2` silently won.
+    path = _write(tmp_path, "seed: 1\ntrain:\n  epochs: 3\nseed: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}:4:1: duplicate key 'seed' (lines 1 and 4); YAML would keep only the last"
+    with pytest.raises(ConfigError, match="duplicate key 'epochs' \\(lines 2 and 3\\)"):
+        load_config(_write(tmp_path, "train:\n  epochs: 3\n  epochs: 4\n"))
+
+
+def test_every_user_yaml_goes_through_the_same_loader(tmp_path):
+    bomb = "{" + ", ".join(LAUGHS) + "}"
+    with pytest.raises(ConfigError, match=r"override rewards\.0\.args:1:.*past 10,000 nodes"):
+        load_config(None, [f"rewards.0.args={bomb}"])
+    with pytest.raises(ConfigError, match=r"config parameter:1:.*duplicate key 'seed'"):
+        config_from_parameter("{seed: 1, seed: 2}")
+    server = _write(tmp_path, "rewards: [{name: brightness}]\nrewards: [{name: ocr}]\n")
+    with pytest.raises(ConfigError, match=f"{server}:2:1: duplicate key 'rewards'"):
+        load_settings(server, None)
+
+
+def test_exponents_without_a_dot_are_numbers_in_files_and_overrides(tmp_path):
+    # YAML 1.1 reads 3e-4 as a string, which the strict number types would refuse.
+    assert load_yaml("a: 3e-4\nb: 1E+5\nc: 1.0e-08\nd: '3e-4'\ne: 10\nf: 2.60.0", "x") == {
+        "a": 3e-4, "b": 1e5, "c": 1e-8, "d": "3e-4", "e": 10, "f": "2.60.0"}
+    config = load_config(_write(tmp_path, "train: {learning_rate: 3e-4}\n"), ["train.adam_eps=1e-6"])
+    assert (config.train.learning_rate, config.train.adam_eps) == (3e-4, 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("train.learning_rate=true", "train.learning_rate: Input should be a valid number (got True)"),
+        ("train.learning_rate='0.001'", "train.learning_rate: Input should be a valid number (got '0.001')"),
+        ("train.epochs=2.0", "train.epochs: Input should be a valid integer (got 2.0)"),
+        ("tracking.system_metrics=1", "tracking.system_metrics: Input should be a valid boolean (got 1)"),
+        ("train.adam_betas=[true, 0.9]", "train.adam_betas.0: Input should be a valid number (got True)"),
+        ("rewards.0.weight=yes", "rewards.0.weight: Input should be a valid number (got True)"),
+    ],
+)
+def test_a_value_of_another_type_is_refused_not_converted(override, needle):
+    # Before: `learning_rate: true` trained at 1.0, '0.001' and 2.0 were converted, 1 was read as true.
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert needle in str(info.value)
+
+
+def test_an_int_is_still_a_float_and_a_list_still_a_tuple():
+    config = load_config(None, ["train.learning_rate=1", "train.adam_betas=[0, 0.5]", "rewards.0.weight=2"])
+    assert config.train.learning_rate == 1.0 and config.train.adam_betas == (0.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        # Before: validated, then torch.manual_seed raised "Overflow when unpacking long long".
+        ("seed=1000000000000000000000000000000", "seed: Input should be less than 4294967296"),
+        ("seed=-1", "seed: Input should be greater than or equal to 0"),
+        (f"eval.seed={SEED_LIMIT}", "eval.seed: Input should be less than 4294967296"),
+        (f"train.epochs={MAX_EPOCHS + 1}", "train.epochs: Input should be less than or equal to 1000000"),
+        ("sampling.group_size=1000000000000", "sampling.group_size: Input should be less than or equal to 65536"),
+        ("sampling.prompts_per_epoch=16384", "x sampling.group_size = 131,072 images per epoch; at most 65,536"),
+        ("train.gradient_accumulation_steps=100000", "train.gradient_accumulation_steps: Input should be less"),
+        # Before: threading refuses a wait past ~9.2e9 s (OverflowError in the trainer's scoring).
+        ("rewards.0.timeout_s=1e10", "rewards.0.timeout_s: Input should be less than or equal to 86400"),
+        ("model.lora.rank=100000", "model.lora.rank: Input should be less than or equal to 1024"),
+        ("eval.bootstrap_samples=1000000000", "eval.bootstrap_samples: Input should be less than or equal to 100000"),
+    ],
+)
+def test_numbers_that_reach_torch_numpy_or_threading_are_bounded(override, needle):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["sampling.group_size=8", override])
+    assert needle in str(info.value)
+
+
+def test_the_largest_seed_and_epoch_fit_every_seed_the_trainer_derives():
+    from components.trainer.loop import _epoch_generator, _noise_generators
+
+    config = load_config(None, [f"seed={SEED_LIMIT - 1}", f"train.epochs={MAX_EPOCHS}"])
+    _epoch_generator(config.seed, config.train.epochs)
+    _noise_generators(config.seed, config.train.epochs, 10**6, "cpu")(0)
