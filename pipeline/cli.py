@@ -342,8 +342,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# A command's positional key=value list. argparse fills it from the first run of positionals only, so one placed
+# after an option (`train --config X a=1 --ray-workers 2 b=2`) comes back unrecognised: appended here, in order.
+KEY_VALUE_LISTS = ("overrides", "arguments")
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` parsed, with ``key=value`` items allowed anywhere among a command's options."""
+    args, extra = parser.parse_known_args(argv)
+    dest = next((name for name in KEY_VALUE_LISTS if hasattr(args, name)), None)
+    stray = [item for item in extra if dest is None or item.startswith("-") or "=" not in item]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        setattr(args, dest, [*getattr(args, dest), *extra])
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_arguments(build_parser(), argv)
     return exit_status(f"flowgrpo {args.command}", lambda: args.func(args))
 
 

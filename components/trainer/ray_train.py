@@ -10,9 +10,12 @@ logs into it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from components.console import status_line
@@ -45,6 +48,15 @@ def _worker_loop(args: dict[str, Any]) -> None:
         tracker.close()
 
 
+def worker_cpus(cluster_cpus: float, workers: int) -> float:
+    """Each worker's CPU request: whole CPUs split evenly, or a fraction of one when there are more workers than
+    CPUs (a whole CPU each would wait for resources the cluster will never have). Ray keeps 4 decimals of a
+    fraction: rounded down, so the requests never sum past the cluster."""
+    if cluster_cpus >= workers:
+        return max(1, int(cluster_cpus // workers))
+    return math.floor(cluster_cpus / workers * 10_000) / 10_000
+
+
 def _uses_gpu(config: TrainingJobConfig, cluster_gpus: float) -> bool:
     return config.model.device != "cpu" and cluster_gpus >= 1
 
@@ -55,27 +67,64 @@ def run_on_ray(config: TrainingJobConfig, out: RunOutput, workers: int, tracker:
     RayJob) or starts a local one. Raises when the workers fail more than $FLOWGRPO_RAY_MAX_FAILURES times."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
+
+    with _ray_session(ray):
+        _fit(ray, config, out, workers, tracker, log)
+
+
+@contextlib.contextmanager
+def _ray_session(ray: Any) -> Iterator[None]:
+    """Join the Ray at $RAY_ADDRESS (a RayJob's), or start one of our own whose address every process it starts
+    knows. ray.init() without an address would join any Ray already running on this machine (another user's),
+    or fail with "Found multiple active Ray instances" when there are several; so does Ray Train's own
+    placement-group cleaner actor, which looks for "the" Ray unless $RAY_ADDRESS names it. Hence the GCS port is
+    chosen here and $RAY_ADDRESS set before the start, for the processes Ray spawns, then restored."""
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        if not ray.is_initialized():
+            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+        yield
+        return
+    with socket.socket() as s:  # a free port for the GCS (bound on every interface, as Ray's head binds)
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    own = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
+    saved = {name: os.environ.get(name) for name in own}
+    os.environ.update(own)
+    try:
+        ray.init(address="local", log_to_driver=True)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, tracker: NullTracker,
+         log: Callable[[str], None]) -> None:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=True)
     resources = ray.cluster_resources()
     gpu = _uses_gpu(config, resources.get("GPU", 0))
-    per_worker: dict[str, float] = {"CPU": max(1, int(resources.get("CPU", 1) // workers))}
+    per_worker: dict[str, float] = {"CPU": worker_cpus(resources.get("CPU", 1), workers)}
     if gpu:
         per_worker["GPU"] = 1
     log(f"Ray Train: {workers} worker(s), {per_worker} each, {'NCCL' if gpu else 'gloo'}")
     train_fields = TrainingJobConfig.model_fields.keys()
-    args = {"config": config.model_dump(mode="json", include=set(train_fields)), "output": out.uri,
-            "run_id": tracker.run_id}
+    # Ray's workers run in a folder of their own: a relative output would land there (and pyarrow refuses a
+    # relative storage_path outright), so they are handed absolute ones.
+    local = out.local.absolute()
+    args = {"config": config.model_dump(mode="json", include=set(train_fields)),
+            "output": out.uri if out.remote else str(local), "run_id": tracker.run_id}
     name = "flowgrpo-" + hashlib.sha256(out.uri.encode()).hexdigest()[:12]
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     trainer = TorchTrainer(
         _worker_loop, train_loop_config=args,
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpu, resources_per_worker=per_worker),
         run_config=RunConfig(
-            name=name, storage_path=str(out.local / ".ray"),
+            name=name, storage_path=str(local / ".ray"),
             failure_config=FailureConfig(max_failures=int(os.environ.get(MAX_FAILURES_ENV, DEFAULT_MAX_FAILURES))),
             worker_runtime_env={"env_vars": env},
         ),
