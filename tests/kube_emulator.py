@@ -55,3 +55,11 @@ def api_calls(kmock: Any) -> tuple[set[tuple[str, str, str]], set[str]]:
                          watch=request.params.get("watch") in ("true", "1"))
         calls.add((resource.group or "", plural, verb))
     return calls, other
+
+
+def outcome(fn: Any) -> Any:
+    """What ``fn()`` returns, or the exception it raises: a launcher call run in a thread beside the emulator."""
+    try:
+        return fn()
+    except Exception as exc:
+        return exc

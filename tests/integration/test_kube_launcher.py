@@ -14,7 +14,7 @@ import pytest
 from kmock import KubernetesError, action, resource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
-from kube_emulator import serve
+from kube_emulator import outcome, serve
 
 from components.errors import LaunchError
 from components.launch.kubernetes import rayjobs as kube
@@ -270,12 +270,6 @@ async def test_a_rayjob_deleted_by_someone_else_is_reported(cluster, manifest):
 async def test_an_unreachable_api_is_one_clear_error(manifest):
     lines: list[str] = []
     api = kube.client_for("http://127.0.0.1:9")
-    error = await asyncio.to_thread(lambda: _catch(lambda: kube.submit_rayjob(manifest, api=api, log=lines.append)))
+    error = await asyncio.to_thread(lambda: outcome(lambda: kube.submit_rayjob(manifest, api=api, log=lines.append)))
     assert isinstance(error, LaunchError) and "cannot reach the Kubernetes API at http://127.0.0.1:9" in str(error)
 
-
-def _catch(fn):
-    try:
-        return fn()
-    except Exception as exc:
-        return exc

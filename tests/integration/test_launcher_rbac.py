@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 from k8s_manifests import MANIFESTS, kustomize
 from kmock import resource
-from kube_emulator import api_calls, rbac_verb, serve
+from kube_emulator import api_calls, outcome, rbac_verb, serve
 
 from components.launch.kubernetes import rayjobs
 from components.launch.kubernetes.deployments import BUILTIN
@@ -52,12 +52,6 @@ async def _controllers(kmock, rayjob_status: dict) -> None:
         await asyncio.sleep(0.02)
 
 
-def _catch(fn):
-    try:
-        return fn()
-    except Exception as exc:
-        return exc
-
 
 async def _exercise_every_code_path(kmock) -> list:
     """Run each path in a thread (kmock serves on this event loop); what each returned or raised."""
@@ -87,12 +81,12 @@ async def _exercise_every_code_path(kmock) -> list:
         for step in (deploy, deploy, lambda: deploy("rewards.0.weight=3", "reward_deploy.port=8700"),
                      lambda: teardown_kubernetes(name, NS, log, url), lambda: teardown_kubernetes(name, NS, log, url),
                      lambda: submit("rbac-a"), lambda: submit("rbac-a")):
-            outcomes.append(await asyncio.to_thread(_catch, step))
+            outcomes.append(await asyncio.to_thread(outcome, step))
         kmock.objects[resource("ray.io/v1/rayjobs"), NS, "flowgrpo-rbac-a"].delete()  # kubectl delete rayjob
-        outcomes.append(await asyncio.to_thread(_catch, lambda: submit("rbac-a")))
+        outcomes.append(await asyncio.to_thread(outcome, lambda: submit("rbac-a")))
         status.update(jobDeploymentStatus="Running", jobStatus="RUNNING")
-        outcomes.append(await asyncio.to_thread(_catch, lambda: submit("rbac-b", stop=stopped())))
-        outcomes.append(await asyncio.to_thread(_catch, lambda: submit("rbac-c", stop=stopped(),
+        outcomes.append(await asyncio.to_thread(outcome, lambda: submit("rbac-b", stop=stopped())))
+        outcomes.append(await asyncio.to_thread(outcome, lambda: submit("rbac-c", stop=stopped(),
                                                                        cancel_mode="suspend")))
     finally:
         controllers.cancel()

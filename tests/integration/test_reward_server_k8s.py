@@ -17,7 +17,7 @@ import yaml
 from kmock import KubernetesError, action, resource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
-from kube_emulator import RESOURCES, serve
+from kube_emulator import RESOURCES, outcome, serve
 
 from components.errors import LaunchError
 from components.launch.kubernetes import deployments as kube
@@ -85,12 +85,6 @@ async def _controller(kmock, steps, name: str = NAME):
             await asyncio.sleep(0.02)
 
 
-def _catch(fn):
-    try:
-        return fn()
-    except Exception as exc:
-        return exc
-
 
 async def _deploy(kmock, steps=(), *overrides: str, judge_steps=()):
     """deploy_to_kubernetes in a thread while the controller plays ``steps``: its URL or what it raised, and the
@@ -101,12 +95,12 @@ async def _deploy(kmock, steps=(), *overrides: str, judge_steps=()):
     if judge_steps:
         tasks.append(asyncio.create_task(_controller(kmock, judge_steps, judge_name(NAME))))
     try:
-        outcome = await asyncio.to_thread(_catch, lambda: deploy_to_kubernetes(
+        result = await asyncio.to_thread(outcome, lambda: deploy_to_kubernetes(
             config, name=NAME, namespace=NS, run_id=RUN_ID, log=lines.append, host=str(kmock.url), poll_s=POLL_S))
     finally:
         for task in tasks:
             task.cancel()
-    return outcome, lines
+    return result, lines
 
 
 async def _teardown(kmock):
@@ -256,6 +250,6 @@ async def test_rbac_denial_names_verb_resource_and_namespace(cluster, act, path,
 
 async def test_an_unreachable_api_is_one_clear_error():
     config = load_config(TINY_CONFIG)
-    error = await asyncio.to_thread(_catch, lambda: deploy_to_kubernetes(
+    error = await asyncio.to_thread(outcome, lambda: deploy_to_kubernetes(
         config, name=NAME, namespace=NS, run_id=RUN_ID, log=lambda _: None, host="http://127.0.0.1:9"))
     assert isinstance(error, LaunchError) and "cannot reach the Kubernetes API at http://127.0.0.1:9" in str(error)
