@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.console import status_line
+from components.environ import patched_environ
 from components.errors import FlowGRPOError
 from components.launch.process import port_is_free
 from pipeline.config import ExperimentConfig, dump_config
@@ -199,21 +200,6 @@ def local_services(workdir: Path, mlflow_port: int | None = None, log=status_lin
         log(f"services: S3 (SeaweedFS) at {s3.endpoint}, MLflow at {mlflow.url} "
             f"({time.monotonic() - began:.0f} s to start)")
         yield {**s3.env(), **mlflow.env()}
-
-
-@contextlib.contextmanager
-def patched_environ(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, restored on exit."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _children() -> set[int]:

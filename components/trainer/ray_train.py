@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from components.console import status_line
+from components.environ import patched_environ
 from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer.config import TrainingJobConfig
 from components.trainer.run_output import RunOutput
@@ -87,18 +88,10 @@ def _ray_session(ray: Any) -> Iterator[None]:
     with socket.socket() as s:  # a free port for the GCS (bound on every interface, as Ray's head binds)
         s.bind(("", 0))
         port = s.getsockname()[1]
-    own = {"RAY_GCS_SERVER_PORT": str(port), "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}
-    saved = {name: os.environ.get(name) for name in own}
-    os.environ.update(own)
-    try:
+    with patched_environ({"RAY_GCS_SERVER_PORT": str(port),
+                          "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}):
         ray.init(address="local", log_to_driver=True)
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, tracker: NullTracker,

@@ -23,9 +23,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
+from components.environ import patched_environ
 from components.trainer.training_run import train
 from pipeline.config import TINY_CONFIG, load_config
-from pipeline.local_run import patched_environ
 from pipeline.services.mlflow_server import running_mlflow
 from pipeline.services.seaweed import running_seaweed
 

@@ -17,8 +17,9 @@ import psutil
 import pytest
 from kfp import dsl
 
+from components.environ import patched_environ
 from pipeline.config import DEFAULT_CONFIG, load_config
-from pipeline.local_run import BUCKET, _following_kfp_local, _Progress, local_services, patched_environ
+from pipeline.local_run import BUCKET, _following_kfp_local, _Progress, local_services
 
 pytestmark = pytest.mark.slow
 CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
