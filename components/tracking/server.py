@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from components.config_base import URL_USERINFO
+from components.errors import ConfigError
+
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 PIPELINE_RUN_TAG = "flowgrpo.pipeline_run_id"  # on a pipeline run's MLflow run and on its steps' child runs
 # Callers retry on their own terms (the tracker for as long as it takes, a replay not at all); MLflow's own
@@ -14,8 +17,15 @@ _CLIENT_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQ
 
 
 def tracking_uri() -> str | None:
-    """The MLflow server (or ``sqlite:///`` store) to track to; None = tracking off."""
-    return os.environ.get(TRACKING_URI_ENV) or None
+    """The MLflow server (or ``sqlite:///`` store) to track to; None = tracking off. A URI with credentials is
+    refused: MLflow prints it in its own lines ("View run ... at URI"), which no redaction of ours reaches, so
+    they would land in every log. MLflow takes them from MLFLOW_TRACKING_USERNAME / _PASSWORD (or _TOKEN)."""
+    uri = os.environ.get(TRACKING_URI_ENV) or None
+    if uri is not None and URL_USERINFO.search(uri):
+        raise ConfigError(f"{TRACKING_URI_ENV} holds credentials (user:password@), which MLflow would print in its "
+                          "log lines: remove them from the URI and set MLFLOW_TRACKING_USERNAME and "
+                          "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead")
+    return uri
 
 
 def mlflow_client(uri: str | None = None) -> Any:
