@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from components.errors import ConfigError
 from components.tracking.params import redact, short_error
 from components.tracking.server import (
     PIPELINE_RUN_TAG,
@@ -44,8 +45,14 @@ def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | No
 def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool,
                       log: Callable[[str], None] = print) -> None:
     """Close the pipeline's run as FINISHED or FAILED (no-op when tracking is off or it was never opened). An
-    MLflow that cannot be reached is reported, not raised: the exit task's real job is the teardown."""
-    if tracking_uri() is None:
+    MLflow that cannot be reached, or a tracking URI refused, is reported, not raised: the exit task's real job is
+    the teardown."""
+    try:
+        uri = tracking_uri()
+    except ConfigError as exc:
+        log(f"MLflow: could not close the pipeline's run: {exc}")
+        return
+    if uri is None:
         return
     from mlflow.exceptions import MlflowException
 
@@ -55,7 +62,7 @@ def finish_parent_run(experiment: str, pipeline_run_id: str, succeeded: bool,
         for run in [] if found is None else _runs_of(client, found.experiment_id, pipeline_run_id):
             client.set_terminated(run.info.run_id, status="FINISHED" if succeeded else "FAILED")
     except (MlflowException, OSError) as exc:
-        log(f"MLflow at {redact(tracking_uri() or '')}: could not close the pipeline's run: {short_error(exc)}")
+        log(f"MLflow at {redact(uri)}: could not close the pipeline's run: {short_error(exc)}")
 
 
 def lineage_of(run_id: str) -> dict[str, str]:

@@ -347,16 +347,17 @@ def test_wrong_credentials_and_missing_bucket_stop_the_run_with_one_clear_line(s
 
 def test_unreachable_mlflow_is_one_clear_line_and_not_fatal(services, env, tmp_path):
     (port,) = free_ports(1)
-    proc = _flowgrpo({**os.environ, **env, "MLFLOW_TRACKING_URI": f"http://alice:pa55word@127.0.0.1:{port}",
+    proc = _flowgrpo({**os.environ, **env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}",
+                      "MLFLOW_TRACKING_USERNAME": "alice", "MLFLOW_TRACKING_PASSWORD": "pa55word",
                       "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S": "1", "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S": "1"},
                      "train", "--config", "tiny-cpu", "--output", str(tmp_path / "out"), *SMALL,
                      "train.epochs=1")
     assert proc.returncode == 0, proc.stderr
     assert "pa55word" not in proc.stderr + proc.stdout
     reach = [line for line in proc.stderr.splitlines() if "MLflow" in line and "unreachable" in line]
-    assert len(reach) == 1 and f"http://***@127.0.0.1:{port}" in reach[0], proc.stderr
+    assert len(reach) == 1 and f"http://127.0.0.1:{port}" in reach[0], proc.stderr
     (left,) = [line for line in proc.stderr.splitlines() if "never reachable" in line]
-    assert f"http://***@127.0.0.1:{port}" in left
+    assert f"http://127.0.0.1:{port}" in left
     assert "LoRA:" in proc.stdout
 
 
