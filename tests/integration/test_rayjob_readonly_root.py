@@ -26,13 +26,20 @@ from pipeline.config import TINY_CONFIG, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 # Remount every mount read-only (those the namespace may not remount stay as they are: /proc, /sys), then the
-# pod's emptyDirs.
+# pod's emptyDirs. The checkout (with its venv: the image's contents) may itself lie under /tmp, as a CI clone does;
+# it is kept across the pod's fresh /tmp by a read-only bind through /mnt.
 POD_FS = """
 set -e
 for m in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do
     mount -o remount,bind,ro "$m" 2>/dev/null || :
 done
+case "$REPO_ROOT" in /tmp/*)
+    mount -t tmpfs tmpfs /mnt && mkdir /mnt/repo && mount --bind "$REPO_ROOT" /mnt/repo ;;
+esac
 mount -t tmpfs -o size=4g tmpfs /tmp
+case "$REPO_ROOT" in /tmp/*)
+    mkdir -p "$REPO_ROOT" && mount --bind /mnt/repo "$REPO_ROOT" && mount -o remount,bind,ro "$REPO_ROOT" ;;
+esac
 mount -t tmpfs tmpfs /dev/shm
 if touch "$REPO_ROOT/.rw-probe" 2>/dev/null; then echo "the root filesystem is writable" >&2; exit 90; fi
 exec "$@"

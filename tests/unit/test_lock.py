@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sysconfig
 import tomllib
 from importlib.metadata import distributions
 from pathlib import Path
@@ -25,6 +26,13 @@ def _public(version: str) -> Version:
     return Version(Version(version).public)
 
 
+def _installed() -> dict[str, str]:
+    """What this venv's site-packages hold. Not every distribution on sys.path: setuptools, once imported, puts
+    its vendored copies (importlib-metadata, zipp, platformdirs) there, which are no install of ours."""
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    return {canonicalize_name(d.metadata["Name"]): d.version for d in distributions(path=paths)}
+
+
 def _differences(installed: dict[str, str], locked: dict[str, Version], skip: set[str]) -> list[str]:
     return sorted(f"{name} {version} (locked {locked[name]})" for name, version in installed.items()
                   if name in locked and name not in skip and _public(version) != locked[name])
@@ -38,14 +46,12 @@ def test_committed_pipeline_yaml_is_what_the_locked_kfp_compiles():
     assert spec["sdkVersion"] == f"kfp-{kfp}", (
         f"pipeline/flowgrpo_pipeline.yaml was compiled by {spec['sdkVersion']}, the lock has kfp {kfp}: "
         "install from the lock (scripts/install.sh) and run `flowgrpo compile`")
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
-    assert _public(installed["kfp"]) == kfp
+    assert _public(_installed()["kfp"]) == kfp
 
 
 def test_every_installed_distribution_is_at_its_locked_version():
     """What scripts/install.sh put in this venv is the lock, to the last transitive dependency."""
-    installed = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
-    locked = locked_versions(PROJECT_LOCK)
+    installed, locked = _installed(), locked_versions(PROJECT_LOCK)
     assert len(set(installed) & set(locked)) > 150  # the lock is what this venv holds, not a few names
     assert _differences(installed, locked, skip=set()) == []
 
