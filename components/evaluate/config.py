@@ -11,7 +11,10 @@ class GateConfig(Section):
     metric: str | None = Field(
         default=None, description="eval reward key that must improve; null = the first eval reward",
     )
-    min_improvement: float = Field(default=0.0, description="LoRA mean - base mean must be at least this")
+    min_improvement: float = Field(
+        default=0.0, description="the lower bound of the gate metric's CI of LoRA - base must be above this; "
+        "0 = the whole interval above zero",
+    )
     guards: dict[str, float] = Field(
         default_factory=dict, description="eval reward key -> the largest drop (base - LoRA) it may show",
     )

@@ -13,7 +13,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,8 @@ EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"
 # Below this many prompts a bootstrap CI says little: the resampled means take few distinct values (3 for 2
 # prompts), the percentile interval is too narrow for its nominal level, and one odd prompt moves it. 10 is
-# the usual floor for a percentile bootstrap; each such reward is flagged (``few_prompts``) and warned about.
+# the usual floor for a percentile bootstrap; each such reward is flagged (``few_prompts``) and warned about,
+# and the gate refuses to promote on it.
 MIN_PROMPTS_FOR_CI = 10
 
 
@@ -98,24 +99,35 @@ def summarize(prompts: list[PromptResult], keys: list[str], cfg: EvalConfig) -> 
     return out
 
 
+def gate_metric(gate: GateConfig, keys: Iterable[str]) -> str:
+    """The eval reward the gate judges: ``gate.metric``, else the first eval reward."""
+    return gate.metric or next(iter(keys))
+
+
 def gate_decision(rewards: dict[str, dict], gate: GateConfig) -> tuple[bool, str]:
-    """Promote when the gate metric improved by at least ``min_improvement`` and no guard dropped by more
-    than its tolerance; the reason says which condition decided."""
-    metric = gate.metric or next(iter(rewards))
+    """Promote when the gate metric's CI lower bound is above ``min_improvement`` (so the gain is unlikely
+    to be noise), over at least ``MIN_PROMPTS_FOR_CI`` prompts, and no guard's mean dropped by more than its
+    tolerance; the reason says which condition decided, with the delta, its CI and the threshold."""
+    metric = gate_metric(gate, rewards)
     for key in (metric, *gate.guards):
         if key not in rewards:
             return False, f"gate reward {key!r} is not an eval reward (eval rewards: {', '.join(rewards)})"
-    delta = rewards[metric]["delta"]
+    row = rewards[metric]
+    delta, low, required = row["delta"], row["ci_low"], gate.min_improvement
     if not math.isfinite(delta):
         return False, f"{metric} has no score (every eval image failed it)"
-    if delta < gate.min_improvement:
-        return False, f"{metric} changed by {delta:+.4g} < required {gate.min_improvement:+.4g}"
+    if row["n"] < MIN_PROMPTS_FOR_CI:
+        return False, (f"{metric} was scored on only {row['n']} prompt(s): at least {MIN_PROMPTS_FOR_CI} are needed "
+                       "for the CI to mean anything; raise eval.max_prompts or the test split")
+    ci = f"{row['ci_level']:.0%} CI [{low:+.3g}, {row['ci_high']:+.3g}]"
+    if not low > required:  # also refuses a NaN bound
+        return False, f"{metric} changed by {delta:+.3g} ({ci}), lower bound {low:+.3g} <= required {required:+.3g}"
     for key, tolerance in sorted(gate.guards.items()):
         drop = -rewards[key]["delta"]
         if not math.isfinite(drop) or drop > tolerance:
             return False, f"guard {key} dropped by {drop:.4g} > tolerance {tolerance:.4g}"
     guards = f"; guards within tolerance ({', '.join(sorted(gate.guards))})" if gate.guards else "; no guards"
-    return True, f"{metric} improved by {delta:+.4g} >= {gate.min_improvement:+.4g}{guards}"
+    return True, f"{metric} improved by {delta:+.3g} ({ci}), lower bound > {required:+.3g} required{guards}"
 
 
 def few_prompts_warnings(rewards: dict[str, dict]) -> list[str]:
@@ -197,7 +209,8 @@ def evaluate(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: EvalConf
     history = history or []
     summary = {
         "rewards": reward_rows,
-        "gate": {"promoted": promoted, "reason": reason, "alias": cfg.gate.alias},
+        "gate": {"promoted": promoted, "reason": reason, "alias": cfg.gate.alias,
+                 "metric": gate_metric(cfg.gate, reward_rows)},
         "warnings": few_prompts_warnings(reward_rows) + hacking_warnings(reward_rows, history)
         + ([] if held_out else ["evaluated on the training prompts (the dataset has no held-out test split)"]),
         "config": {"lora": lora, "model": config.model.kind if config.model.path is None else config.model.path,

@@ -60,19 +60,78 @@ def _rewards(**deltas):
     return {k: {"delta": d} for k, d in deltas.items()}
 
 
-def test_gate_promotes_refuses_and_says_why():
-    ok, why = gate_decision(_rewards(ocr=0.2, aesthetic=-0.01), GateConfig(min_improvement=0.1,
-                                                                             guards={"aesthetic": 0.05}))
-    assert ok and "ocr improved by +0.2" in why and "aesthetic" in why
-    ok, why = gate_decision(_rewards(ocr=0.2), GateConfig(min_improvement=0.3))
-    assert not ok and "ocr changed by +0.2 < required +0.3" in why
-    ok, why = gate_decision(_rewards(ocr=0.2, aesthetic=-0.1), GateConfig(guards={"aesthetic": 0.05}))
-    assert not ok and "guard aesthetic dropped by 0.1 > tolerance 0.05" in why
-    ok, why = gate_decision(_rewards(ocr=0.2), GateConfig(metric="pickscore"))
+def _row(delta: float, low: float, high: float, n: int = 32) -> dict:
+    """A summary row as ``summarize`` writes it, for a 95% CI over n prompts."""
+    return {"delta": delta, "ci_low": low, "ci_high": high, "ci_level": 0.95, "n": n,
+            "few_prompts": n < MIN_PROMPTS_FOR_CI}
+
+
+def test_gate_promotes_when_the_ci_lower_bound_is_above_the_threshold_and_says_so():
+    rewards = {"geneval": _row(0.067, 0.021, 0.113), "aesthetic": _row(-0.01, -0.03, 0.01)}
+    ok, why = gate_decision(rewards, GateConfig(guards={"aesthetic": 0.05}))
+    assert ok
+    assert why == ("geneval improved by +0.067 (95% CI [+0.021, +0.113]), lower bound > +0 required; "
+                   "guards within tolerance (aesthetic)")
+    ok, why = gate_decision(rewards, GateConfig(min_improvement=0.02))
+    assert ok and why.endswith("lower bound > +0.02 required; no guards")
+
+
+@pytest.mark.parametrize(("low", "required"), [(-0.012, 0.0), (0.0, 0.0), (0.021, 0.05)])
+def test_gate_holds_a_positive_mean_whose_ci_lower_bound_is_not_above_the_threshold(low, required):
+    # The mean gain is above the threshold each time: the old rule (mean delta >= threshold) promoted these.
+    ok, why = gate_decision({"geneval": _row(0.067, low, 0.113)}, GateConfig(min_improvement=required))
+    assert not ok
+    assert why == (f"geneval changed by +0.067 (95% CI [{low:+.3g}, +0.113]), lower bound {low:+.3g} <= "
+                   f"required {required:+.3g}")
+
+
+def test_gate_refuses_a_ci_over_too_few_prompts_however_good_it_looks():
+    ok, why = gate_decision({"geneval": _row(0.5, 0.4, 0.6, n=4)}, GateConfig())
+    assert not ok
+    assert why == ("geneval was scored on only 4 prompt(s): at least 10 are needed for the CI to mean "
+                   "anything; raise eval.max_prompts or the test split")
+    assert not gate_decision({"geneval": _row(0.5, 0.4, 0.6, n=MIN_PROMPTS_FOR_CI - 1)}, GateConfig())[0]
+    assert gate_decision({"geneval": _row(0.5, 0.4, 0.6, n=MIN_PROMPTS_FOR_CI)}, GateConfig())[0]
+
+
+def test_gate_guards_limit_the_mean_drop_and_other_refusals_say_why():
+    good, guarded = _row(0.2, 0.1, 0.3), GateConfig(guards={"aesthetic": 0.05})
+    # a guard judges its mean drop, not its CI: this CI reaches -0.2, the mean drop 0.04 is within 0.05
+    assert gate_decision({"ocr": good, "aesthetic": _row(-0.04, -0.2, 0.1)}, guarded)[0]
+    ok, why = gate_decision({"ocr": good, "aesthetic": _row(-0.1, -0.15, -0.05)}, guarded)
+    assert not ok and why == "guard aesthetic dropped by 0.1 > tolerance 0.05"
+    ok, why = gate_decision({"ocr": good}, GateConfig(metric="pickscore"))
     assert not ok and "'pickscore' is not an eval reward" in why
-    ok, why = gate_decision(_rewards(ocr=math.nan), GateConfig())
+    ok, why = gate_decision({"ocr": _row(math.nan, math.nan, math.nan, n=0)}, GateConfig())
     assert not ok and "no score" in why
-    assert gate_decision(_rewards(first=0.0, second=-5.0), GateConfig())[0]  # default: first reward, >= 0
+    # default: the first reward is gated, the second (a large drop) is not looked at
+    assert gate_decision({"first": good, "second": _row(-5.0, -6.0, -4.0)}, GateConfig())[0]
+
+
+def _paired(deltas: list[float]) -> list[PromptResult]:
+    """One image per prompt, base score i / 8 and LoRA score base + delta (dyadic: the arithmetic is exact)."""
+    return [_prompt({"r": [i / 8]}, {"r": [i / 8 + d]}) for i, d in enumerate(deltas)]
+
+
+def test_gate_through_summarize_on_identical_deltas_where_the_ci_is_that_delta():
+    row = summarize(_paired([1 / 8] * 12), ["r"], EvalConfig())["r"]
+    assert (row["delta"], row["ci_low"], row["ci_high"]) == (0.125, 0.125, 0.125)
+    assert gate_decision({"r": row}, GateConfig(min_improvement=0.0625))[0]
+    assert not gate_decision({"r": row}, GateConfig(min_improvement=0.125))[0]  # "above", not "at least"
+    ok, why = gate_decision(summarize(_paired([1 / 8] * 4), ["r"], EvalConfig()), GateConfig())
+    assert not ok and "only 4 prompt(s)" in why
+
+
+def test_gate_through_summarize_holds_a_mean_gain_that_a_few_bad_prompts_make_uncertain():
+    # 10 prompts gain 1/64, 2 lose 1/16: the mean gain is 2/64/12 = 1/384 > 0. A resampled mean with k of
+    # the losing prompts is ((12 - k) - 4k)/64/12, negative for k >= 3. k ~ Binomial(12, 1/6):
+    # P(k >= 5) = 3.6% and P(k >= 6) = 0.8%, so the 2.5% quantile has k = 5 (-13/768), and P(k = 0) = 11%
+    # puts the 97.5% quantile at k = 0 (1/64).
+    row = summarize(_paired([1 / 64] * 10 + [-1 / 16] * 2), ["r"], EvalConfig(bootstrap_samples=2000))["r"]
+    assert row["delta"] == pytest.approx(1 / 384)
+    assert (row["ci_low"], row["ci_high"]) == (pytest.approx(-13 / 768), pytest.approx(1 / 64))
+    ok, why = gate_decision({"r": row}, GateConfig())
+    assert not ok and why == "r changed by +0.0026 (95% CI [-0.0169, +0.0156]), lower bound -0.0169 <= required +0"
 
 
 def test_reward_hacking_warning_when_training_rose_and_eval_fell():
