@@ -133,8 +133,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"report: {result.report_path}")
     print(f"samples: {result.results / 'samples'}")
     print(f"registered model: {result.registered or 'not registered'}")
+    print(f"MLflow charts: {result.mlflow_charts_url or 'tracking off'}")
+    print("  every pipeline run's reward curves first, then its sample grids and the evaluation")
     print(f"MLflow run: {result.mlflow_run_url or 'tracking off'}")
-    print(f"  open it with `{ui}` running (metrics, sample images, the registered model)")
+    print("  the gate's verdict, the evaluation's deltas and a link to the registered model version")
+    print(f"  open them with `{ui}` running")
     print(f"log: {result.log_path}")
     return 0
 

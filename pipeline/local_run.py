@@ -65,7 +65,8 @@ class LocalRunError(FlowGRPOError):
 @dataclass
 class LocalRunResult:
     run_name: str
-    mlflow_run_url: str | None
+    mlflow_charts_url: str | None  # the experiment's chart view: the reward curves of every pipeline run first
+    mlflow_run_url: str | None  # the pipeline run's page: the evaluation, the gate's verdict, the model version
     results: Path  # WORKDIR/runs/<run id>
     lora_uri: str
     registered: str | None
@@ -308,13 +309,14 @@ def _task_output(job_dir: Path, task: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _results(job_dir: Path, ui_port: int) -> tuple[str | None, str, str | None]:
-    """(MLflow pipeline run URL as `flowgrpo ui` serves it, LoRA URI, registered NAME/VERSION)."""
-    from components.tracking.pipeline_runs import parent_run_url
+def _results(job_dir: Path, ui_port: int) -> tuple[tuple[str, str] | None, str, str | None]:
+    """(the MLflow chart view and pipeline run URLs as `flowgrpo ui` serves them, LoRA URI, registered
+    NAME/VERSION)."""
+    from components.tracking.pipeline_runs import parent_run_links
 
     model = _task_output(job_dir, "train").get("artifacts", {}).get("model", {}).get("artifacts", [{}])[0]
     registered = _task_output(job_dir, "register").get("parameterValues", {}).get("Output") or None
-    return parent_run_url(job_dir.name, f"http://127.0.0.1:{ui_port}"), model["uri"], registered
+    return parent_run_links(job_dir.name, f"http://127.0.0.1:{ui_port}"), model["uri"], registered
 
 
 def copy_results(lora_uri: str, runs_dir: Path) -> Path:
@@ -387,9 +389,10 @@ def _run_local(config: ExperimentConfig, workdir: Path, ray_workers: int, ui_por
                 step, reason = progress.failed[0]  # the first failed step (teardown, the exit task, runs last)
                 raise LocalRunError(f"step {step!r} failed: {reason or 'no error line'}; its output is in "
                                     f"{log_path}")
-            url, lora, registered = _results(job_dir, ui_port)
+            links, lora, registered = _results(job_dir, ui_port)
             results = copy_results(lora, workdir / "runs")
-            return LocalRunResult(job_dir.name, url, results, lora, registered, log_path, progress.seconds)
+            return LocalRunResult(job_dir.name, *(links or (None, None)), results, lora, registered, log_path,
+                                  progress.seconds)
     except KeyboardInterrupt:
         log("interrupted: stopping every process this run started")
         raise

@@ -172,11 +172,12 @@ def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list
              parent_run_id: str | None, registered_model: tuple[str, str] | None = None,
              log: Log = status_line, say: Log = status_line):
     """Evaluate ``lora`` against the base model into ``output`` (eval.json, report.html), as an MLflow run
-    (a child of ``parent_run_id``) when tracking is on; apply the gate to ``registered_model`` (name,
-    version) when given. Progress goes to ``log``, the results (per-reward deltas, warnings, verdict) to
-    ``say``. Returns the EvalResult."""
+    (a child of ``parent_run_id``, which shows the results too) when tracking is on; apply the gate to
+    ``registered_model`` (name, version) when given. Progress goes to ``log``, the results (per-reward deltas,
+    warnings, verdict) to ``say``. Returns the EvalResult."""
     from components.evaluate.evaluate import evaluate as run_evaluation
     from components.registry.versions import apply_gate
+    from components.tracking.pipeline_runs import GATE_REASON_TAG, GATE_TAG, show_evaluation
     from components.tracking.tracker import open_tracker
 
     tracker = open_tracker(config.tracking.experiment, "evaluate", parent_run_id=parent_run_id,
@@ -190,8 +191,10 @@ def evaluate(config: ExperimentConfig, lora: str, output: Path, *, history: list
             say(f"{key}: base {row['base_mean']:.4g} -> LoRA {row['lora_mean']:.4g} (delta {row['delta']:+.4g}, "
                 f"{row['ci_level']:.0%} CI [{row['ci_low']:+.4g}, {row['ci_high']:+.4g}], n {row['n']})")
         gate = result.summary["gate"]
-        tracker.set_tags({"flowgrpo.gate": "promoted" if gate["promoted"] else "refused",
-                          "flowgrpo.gate_reason": gate["reason"]})
+        verdict = {GATE_TAG: "promoted" if gate["promoted"] else "refused", GATE_REASON_TAG: gate["reason"]}
+        tracker.set_tags(verdict)
+        if parent_run_id is not None:  # the run a person opens first: the pipeline's
+            show_evaluation(parent_run_id, result.summary["rewards"], verdict, log=log)
         for path in (result.eval_path, result.report_path):
             tracker.log_artifact(path)
         for warning in result.summary["warnings"]:
@@ -217,10 +220,10 @@ def evaluation_config(config: ExperimentConfig, dataset_uri: str) -> ExperimentC
 def register(config: ExperimentConfig, lora_uri: str, train_run_id: str | None, *, promoted: bool, reason: str,
              log: Log = status_line) -> str | None:
     """Register the LoRA as a new version of ``tracking.registered_model`` (logged into the training run, with
-    its lineage tags) and apply the gate's verdict to it; "NAME/VERSION", or None when there is no registry
-    (tracking off, no model name, no training run)."""
+    its lineage tags), apply the gate's verdict to it and link it from the pipeline run; "NAME/VERSION", or None
+    when there is no registry (tracking off, no model name, no training run)."""
     from components.registry.versions import apply_gate, register_lora_version
-    from components.tracking.pipeline_runs import lineage_of
+    from components.tracking.pipeline_runs import lineage_of, show_model_version
     from components.tracking.server import tracking_uri
 
     name = config.tracking.registered_model
@@ -238,4 +241,5 @@ def register(config: ExperimentConfig, lora_uri: str, train_run_id: str | None, 
         version = register_lora_version(train_run_id, name, source, config.model.model_dump(mode="json"),
                                         config.seed, tags, log=log)
     apply_gate(name, version, promoted, reason, config.eval.gate.alias, log=log)
+    show_model_version(train_run_id, name, version, log=log)
     return f"{name}/{version}"

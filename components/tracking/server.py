@@ -3,8 +3,11 @@ for it that gives up on a dead server in seconds."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 from components.config_base import URL_USERINFO
 from components.errors import ConfigError
@@ -61,6 +64,41 @@ def run_url(server: str, experiment: str, run_id: str) -> str:
     return f"{server.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}?{_MODEL_TRAINING_VIEW}"
 
 
-def experiment_url(server: str, experiment: str) -> str:
-    """The MLflow UI's page of an experiment, opened in its model-training view."""
-    return f"{server.rstrip('/')}/#/experiments/{experiment}?{_MODEL_TRAINING_VIEW}"
+# The UI sorts an experiment's chart sections (a metric key's prefix before its last "/") by name, so eval/ would
+# come before reward/. Its saved views (the "Views" menu: an experiment tag holding the view's state, opened by
+# viewStateShareKey=<id>) keep the order they list; unlisted sections follow.
+CHARTS_VIEW_ID = "flowgrpo-rewards-first"
+CHARTS_VIEW_TAG = f"mlflow.sharedViewState.{CHARTS_VIEW_ID}"
+_UNPREFIXED_SECTION = "Model metrics"  # the UI's section for keys without "/", the sample grids' image key too
+
+
+def experiment_url(server: str, experiment: str, *, saved_view: bool = False) -> str:
+    """The MLflow UI's chart view of an experiment's runs (``compareRunsMode=CHART``; the experiment's own URL
+    would redirect to its runs tab and drop that), in its model-training view; with ``saved_view``, in the order
+    of the experiment's ``charts_view``. Newest runs first, each pipeline run with its steps' runs folded."""
+    view = f"&viewStateShareKey={CHARTS_VIEW_ID}" if saved_view else ""
+    return f"{server.rstrip('/')}/#/experiments/{experiment}/runs?{_MODEL_TRAINING_VIEW}&compareRunsMode=CHART{view}"
+
+
+def model_version_url(server: str, name: str, version: str) -> str:
+    """The MLflow UI's page of a registered model version."""
+    return f"{server.rstrip('/')}/{model_version_route(name, version)}"
+
+
+def model_version_route(name: str, version: str) -> str:
+    """The UI's route of a model version, relative to its root (a link that works on any host serving it)."""
+    return f"#/models/{quote(name, safe='')}/versions/{version}"
+
+
+def charts_view(metric_keys: Iterable[str], now_ms: int) -> str:
+    """The value of ``CHARTS_VIEW_TAG``: a saved chart view whose sections are the reward curves, the sample grids,
+    then the other sections of ``metric_keys`` by name (the evaluation's among them)."""
+    sections = {key.rpartition("/")[0] or _UNPREFIXED_SECTION for key in metric_keys} | {_UNPREFIXED_SECTION}
+    rewards = sorted(s for s in sections if s == "reward" or s.startswith("reward/"))
+    rest = sorted(sections - {*rewards, _UNPREFIXED_SECTION})
+    state = {"isAccordionReordered": True, "compareRunCharts": [],  # the UI fills in a chart per metric
+             "compareRunSections": [{"uuid": f"flowgrpo-{i}", "name": name, "display": True, "isReordered": False,
+                                     "deleted": False, "isGenerated": True}
+                                    for i, name in enumerate([*rewards, _UNPREFIXED_SECTION, *rest])]}
+    return json.dumps({"name": "FlowGRPO: rewards first", "createdAt": now_ms, "updatedAt": now_ms,
+                       "state": json.dumps(state)})

@@ -112,7 +112,8 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
     assert re.search(r"^  .*epoch 3/3 reward", out, re.M)  # the training progress inside its step
     assert "Got executor_input" not in out  # kfp's chatter stays in the log file
     assert "View the dashboard" not in out and out.count("MLflow run ") == 2  # train and evaluate, once each
-    printed = dict(re.findall(r"^(MLflow run|report|LoRA|samples|registered model|log): (\S+)", out, re.M))
+    printed = dict(re.findall(r"^(MLflow run|MLflow charts|report|LoRA|samples|registered model|log): (\S+)", out,
+                              re.M))
     report = Path(printed["report"])
     assert report.is_file() and report.suffix == ".html" and "geneval_strict" in report.read_text()
     assert Path(printed["log"]).is_file() and "Got executor_input" in Path(printed["log"]).read_text()
@@ -126,9 +127,13 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
     assert report == lora_path.parent / "eval" / "report.html"
     assert sorted(p.name for p in Path(printed["samples"]).iterdir()) == [f"epoch-00000{i}.png" for i in range(4)]
     assert printed["registered model"] == f"{REGISTERED}/1"
-    # The printed MLflow link opens the pipeline run on the port `flowgrpo ui` serves, in the model-training view.
+    # The printed MLflow links open, on the port `flowgrpo ui` serves and in the model-training view, the pipeline
+    # run and the experiment's chart view (the runs tab in chart mode, in the saved reward-first order).
     assert re.fullmatch(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/\w+\?workflowType=machine_learning",
                         printed["MLflow run"])
+    experiment_id = re.search(r"/experiments/(\d+)/", printed["MLflow run"]).group(1)
+    assert printed["MLflow charts"] == (f"http://127.0.0.1:5000/#/experiments/{experiment_id}/runs?workflowType="
+                                        "machine_learning&compareRunsMode=CHART&viewStateShareKey=flowgrpo-rewards-first")
 
     # Nothing left running, no temporary files left behind.
     assert _processes_under(workdir) == []
@@ -177,11 +182,24 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         # steps' runs under it.
         assert ([(m.step, m.value) for m in client.get_metric_history(parent_id, "reward/mean")]
                 == [(m.step, m.value) for m in history])
-        assert "reward/std" in parent.data.metrics and all(k.startswith("reward/") for k in parent.data.metrics)
+        assert "reward/std" in parent.data.metrics
+        assert all(k.startswith(("reward/", "eval/")) for k in parent.data.metrics)
         assert [f.path for f in client.list_artifacts(parent_id, "samples")] == grids
         evaluate = by_name["evaluate"]
         assert "eval/geneval/delta" in evaluate.data.metrics and "eval/geneval_strict/delta" in evaluate.data.metrics
         assert evaluate.data.tags["flowgrpo.gate"] in ("promoted", "refused")
+        # ... and the evaluation's results (those of eval.json), the verdict and the registered version it links.
+        results = json.loads((report.parent / "eval.json").read_text())
+        for key, row in results["rewards"].items():
+            for field in ("base_mean", "lora_mean", "delta", "ci_low", "ci_high"):  # null: NaN, not sent to MLflow
+                assert parent.data.metrics.get(f"eval/{key}/{field}") == pytest.approx(row[field]), (key, field)
+        for tag in ("flowgrpo.gate", "flowgrpo.gate_reason"):
+            assert parent.data.tags[tag] == evaluate.data.tags[tag]
+        assert parent.data.tags["flowgrpo.gate"] == ("promoted" if results["gate"]["promoted"] else "refused")
+        assert parent.data.tags["flowgrpo.model_version"] == printed["registered model"]
+        assert re.fullmatch(rf"http://127\.0\.0\.1:\d+/#/models/{REGISTERED}/versions/1",
+                            parent.data.tags["flowgrpo.model_version_url"])
+        assert f"](#/models/{REGISTERED}/versions/1)" in parent.data.tags["mlflow.note.content"]
 
         version = client.get_model_version(REGISTERED, "1")
         assert version.run_id == train_run.info.run_id

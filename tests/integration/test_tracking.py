@@ -414,3 +414,70 @@ def test_experiments_are_model_training_ones_and_a_chosen_kind_is_kept(tmp_path,
     chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
     assert experiment_id(client, "chosen") == chosen
     assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def _chart_sections(url: str) -> list[str]:
+    """The section titles of MLflow's chart view at ``url`` in the order a person sees them: headless Chromium runs
+    the UI's JavaScript against the server and the rendered page is read."""
+    import re
+    import tempfile
+
+    from tests.browser import chromium_binary
+
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        page = subprocess.run([chromium_binary(), "--headless=new", "--no-sandbox", "--disable-gpu",
+                               "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=30000",
+                               "--dump-dom", url], capture_output=True, text=True, timeout=180, check=True).stdout
+    return re.findall(r'data-testid="experiment-view-compare-runs-section-header"[^>]*><div[^>]*><div[^>]*>([^<]+)<',
+                      page)
+
+
+def test_the_pipeline_run_shows_the_evaluation_and_the_model_version_and_its_charts_open_rewards_first(services, env):
+    """What `run --local` links: the pipeline run carries the evaluation's numbers, the gate's verdict and a link to
+    the registered version; the experiment's chart view lists the reward curves before the evaluation's bars,
+    which MLflow's UI would otherwise sort first (checked in the UI itself)."""
+    from urllib.parse import quote
+
+    from components.tracking.pipeline_runs import parent_run, parent_run_links, show_evaluation, show_model_version
+
+    _, mlflow = services
+    client = MlflowClient(mlflow.url)
+    experiment, run_name, model = f"e-{uuid.uuid4().hex[:6]}", f"flowgrpo-{uuid.uuid4().hex[:6]}", "demo lora"
+    parent = parent_run(experiment, f"pipeline-{uuid.uuid4().hex}", run_name)
+    train_run = MlflowTracker(mlflow.url, experiment, "train", parent_run_id=parent, system_metrics=False,
+                              log=_messages()[1])
+    for epoch in (1, 2, 3):
+        train_run.log_metrics({"reward/mean": 0.1 * epoch, "reward/shapes/mean": 0.2 * epoch, "kl": 0.01}, epoch)
+    train_run.close()
+    rewards = {"shapes": {"base_mean": 0.25, "lora_mean": 0.3125, "delta": 0.0625, "ci_low": 0.0125,
+                          "ci_high": 0.125, "n": 32, "ci_level": 0.95},
+               "strict": {"base_mean": 0.125, "lora_mean": 0.0625, "delta": -0.0625, "ci_low": float("nan"),
+                          "ci_high": 0.0, "n": 32, "ci_level": 0.95}}
+    lines, log = _messages()
+    show_evaluation(parent, rewards, {"flowgrpo.gate": "refused", "flowgrpo.gate_reason": "shapes: too few"}, log=log)
+    client.create_registered_model(model)
+    version = client.create_model_version(model, "s3://nowhere/lora", run_id=train_run.run_id).version
+    show_model_version(train_run.run_id, model, version, log=log)
+    assert lines == []
+
+    shown = client.get_run(parent).data
+    assert {k: v for k, v in shown.metrics.items() if k.startswith("eval/")} == {
+        "eval/shapes/base_mean": 0.25, "eval/shapes/lora_mean": 0.3125, "eval/shapes/delta": 0.0625,
+        "eval/shapes/ci_low": 0.0125, "eval/shapes/ci_high": 0.125, "eval/strict/base_mean": 0.125,
+        "eval/strict/lora_mean": 0.0625, "eval/strict/delta": -0.0625, "eval/strict/ci_high": 0.0}  # no NaN in MLflow
+    assert shown.tags["flowgrpo.gate"] == "refused" and shown.tags["flowgrpo.gate_reason"] == "shapes: too few"
+    assert shown.tags["flowgrpo.model_version"] == f"{model}/{version}"
+    url = shown.tags["flowgrpo.model_version_url"]
+    assert url == f"{mlflow.url}/#/models/demo%20lora/versions/{version}"  # the UI's route of a model version
+    assert client.get_model_version(model, version).run_id == train_run.run_id
+    # The run page's Description (Markdown) links the version relative to the UI and sums the evaluation up.
+    description = shown.tags["mlflow.note.content"]
+    assert f"[{model} version {version}](#/models/{quote(model)}/versions/{version})" in description
+    assert "**Gate: refused**: shapes: too few" in description
+    assert "- shapes: base 0.25 -> LoRA 0.3125, delta +0.0625, CI [+0.0125, +0.125]" in description
+
+    charts, run_page = parent_run_links(run_name, mlflow.url)
+    assert run_page.startswith(f"{mlflow.url}/#/experiments/") and f"/runs/{parent}?" in run_page
+    assert "compareRunsMode=CHART" in charts
+    sections = _chart_sections(charts)
+    assert sections[:2] == ["reward", "reward/shapes"] and {"eval/shapes", "eval/strict"} <= set(sections[2:]), sections
