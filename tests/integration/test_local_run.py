@@ -210,6 +210,41 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert any(k.endswith("pytorch_lora_weights.safetensors") for k in model_files)
 
 
+def _readme_snippet() -> str:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"^<!-- snippet: generate[^>]*-->\n```python\n(.*?)^```\n<!-- /snippet -->", text, re.M | re.S)
+    assert found, "README.md has no generate snippet between its markers"
+    return found.group(1)
+
+
+def test_the_readme_snippet_generates_with_the_lora_a_run_printed(first_run, tmp_path, monkeypatch):
+    """The quickstart's snippet, run as written with its LoRA path set to the run's: a 48 x 48 RGB image from the
+    base demo pipeline plus the LoRA, the very image the evaluation's generation makes with the demo config's
+    settings for that prompt and seed, and the base model's image from the same noise differs."""
+    import numpy as np
+    from PIL import Image
+
+    from components.models.generate import generate, load_with_lora
+
+    _, done = first_run
+    assert done.returncode == 0
+    lora = re.search(r"^LoRA: (\S+)", done.stdout, re.M).group(1)
+    snippet = _readme_snippet()
+    assert snippet.count(".flowgrpo/runs/<run id>/lora") == 1
+    monkeypatch.chdir(tmp_path)  # where the snippet saves its images
+    scope: dict = {}
+    exec(compile(snippet.replace(".flowgrpo/runs/<run id>/lora", lora), "README.md", "exec"), scope)
+    image, base = np.asarray(Image.open("lora.png")), np.asarray(Image.open("base.png"))
+    assert image.shape == base.shape == (48, 48, 3) and image.dtype == base.dtype == np.uint8
+    assert np.array_equal(np.asarray(scope["image"]), image)
+    assert not np.array_equal(image, base)  # the LoRA changes what the base model draws
+    config = load_config(DEFAULT_CONFIG)
+    evaluated = generate(load_with_lora(config.model, config.seed, Path(lora)), [scope["prompt"]],
+                         resolution=config.model.resolution, num_steps=config.sampling.eval_num_steps,
+                         guidance_scale=config.sampling.guidance_scale, seed=0)
+    assert np.array_equal(image, evaluated[0])
+
+
 def test_second_run_reuses_dataset_and_sigterm_stops_everything(first_run):
     workdir, done = first_run
     assert done.returncode == 0
