@@ -1,7 +1,11 @@
-"""The experiment config: one pydantic schema, loaded from YAML with ``key.sub=value`` overrides.
+"""The experiment config: the stages' sections composed into one pydantic schema (``ExperimentConfig``), read
+from a YAML file or a shipped config of ``pipeline/configs/`` by name, with ``key.sub=value`` overrides, or from
+the pipeline's ``config`` parameter. The embedded default (``--config`` and the pipeline parameter) is
+``shapes-cpu.yaml``, the shapes demo; ``tiny-cpu.yaml`` spells out the schema defaults, the random tiny model
+the tests train.
 
-Everything is validated before anything starts; every error names the full key
-path (``train.learning_rate``) or the file and line.
+Everything is validated before anything starts; every error names the full key path
+(``train.learning_rate``) or the file and line.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ TINY_CONFIG = CONFIG_DIR / "tiny-cpu.yaml"  # the schema defaults, spelt out: th
 
 
 class ExperimentConfig(TrainingJobConfig):
-    """The whole experiment. Pipeline-level sections are added here as the stages land."""
+    """The whole experiment: the trainer's sections plus evaluation, dataset preparation, the cluster and the
+    reward server's deployment, and the checks that span sections."""
 
     eval_rewards: list[RewardSpec] | None = Field(
         default=None, description="rewards for evaluation, kept apart from training; null = the training rewards",
@@ -118,8 +123,8 @@ def _list_index(node: list, part: str, path: list[str]) -> int:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Read ``path`` (a YAML file or a shipped config's name, see ``resolve_config``; default: the tiny CPU
-    config), apply overrides, validate."""
+    """Read ``path`` (a YAML file or a shipped config's name, see ``resolve_config``; default: the embedded
+    default, ``shapes-cpu.yaml``), apply overrides, validate."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     return _validated(read_yaml_mapping(resolve_config(path)), overrides, str(path))
 
