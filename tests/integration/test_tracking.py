@@ -8,8 +8,10 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,7 @@ import pandas as pd
 import pytest
 import torch
 from botocore.config import Config
+from browser import chromium_binary  # tests/browser.py
 from mlflow import MlflowClient
 from PIL import Image
 from safetensors import safe_open
@@ -419,11 +422,6 @@ def test_experiments_are_model_training_ones_and_a_chosen_kind_is_kept(tmp_path,
 def _chart_sections(url: str) -> list[str]:
     """The section titles of MLflow's chart view at ``url`` in the order a person sees them: headless Chromium runs
     the UI's JavaScript against the server and the rendered page is read."""
-    import re
-    import tempfile
-
-    from tests.browser import chromium_binary
-
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         page = subprocess.run([chromium_binary(), "--headless=new", "--no-sandbox", "--disable-gpu",
                                "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=30000",
