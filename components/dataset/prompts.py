@@ -10,7 +10,7 @@ from components.dataset.config import DataConfig
 from components.dataset.prepared import MANIFEST_NAME, PromptRow, read_manifest, read_split
 from components.errors import DataError
 
-__all__ = ["PromptRow", "dataset_hash", "is_prepared", "load_prompt_rows", "load_prompts"]
+__all__ = ["PromptRow", "dataset_hash", "held_out_rows", "is_prepared", "load_prompt_rows", "load_prompts"]
 
 _FILE_SUFFIXES = (".txt", ".jsonl")
 
@@ -66,6 +66,13 @@ def load_prompt_rows(config: DataConfig) -> list[PromptRow]:
     if not rows:
         raise DataError(f"data.path: {path} holds no prompts")
     return rows
+
+
+def held_out_rows(config: DataConfig) -> tuple[list[PromptRow], bool]:
+    """The ``test`` split of a prepared dataset, else the training prompts; and whether they are held out."""
+    held_out = (config.path is not None and is_prepared(config.path)
+                and read_manifest(config.path)["rows"]["test"] > 0)
+    return load_prompt_rows(config.model_copy(update={"split": "test" if held_out else config.split})), held_out
 
 
 def load_prompts(config: DataConfig) -> list[str]:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
+
+_HELDOUT = re.compile(r"^heldout/.+/mean$")
 
 
 def finite_or_none(value: Any) -> Any:
@@ -51,37 +54,83 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def progress_line(row: dict, total_epochs: int, eta_seconds: float) -> str:
+def progress_line(row: dict, total_epochs: int, eta_seconds: float, first_mean: float | None = None) -> str:
+    """One epoch's line: the signals that move (the reward and its change since the first epoch, the held-out
+    reward when the epoch sampled it, the advantages' size, the gradient norm); clipping and KL only when they
+    act, the loss never (with group-normalised advantages it is ~0 by construction)."""
     def f(key: str, fmt: str = ".4g") -> str:
         value = row.get(key)
         return "n/a" if value is None or not math.isfinite(value) else format(value, fmt)
 
     failed = row.get("failed_fraction") or 0.0
     failures = f" ({failed:.0%} of samples failed a reward)" if failed else ""
+    mean = row.get("reward/mean")
+    change = (f" ({mean - first_mean:+.3f} since epoch 1)" if first_mean is not None and mean is not None
+              and math.isfinite(mean) and math.isfinite(first_mean) and row["epoch"] > 1 else "")
+    heldout = "".join(f" | held-out {key[8:-5]} {f(key, '.3f')}" for key in row if _HELDOUT.match(key))
+    acting = "".join(f" {name} {f(key, fmt)}" for name, key, fmt in (("clipfrac", "clipfrac", ".3f"),
+                                                                     ("kl", "kl", ".3g"))
+                     if (row.get(key) or 0) > 0)
     return (
-        f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean')} ± {f('reward/std', '.3g')}{failures}"
-        f" | loss {f('policy_loss', '.3g')} kl {f('kl', '.3g')} clipfrac {f('clipfrac', '.3f')}"
+        f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean', '.3f')} ± {f('reward/std', '.3g')}{change}"
+        f"{failures}{heldout} | |adv| {f('update/advantage_abs_mean', '.3g')} grad {f('grad_norm', '.3g')}{acting}"
         f" | {f('images_per_s', '.1f')} img/s | sample {f('time/sampling', '.2f')}s"
         f" score {f('time/scoring', '.2f')}s train {f('time/training', '.2f')}s | eta {_duration(eta_seconds)}"
     )
 
 
+def reward_trend(history: list[dict[str, Any]], key: str = "reward/mean",
+                 level: float = 0.95) -> tuple[float, float, float]:
+    """Least-squares slope of ``key`` per epoch and its CI (normal quantile of the slope's standard error);
+    NaNs with fewer than 3 finite epochs. Epochs are not independent (the policy carries over), so the CI is
+    a guide to whether the curve rises, not a test."""
+    points = [(float(row["epoch"]), float(row[key])) for row in history
+              if row.get(key) is not None and math.isfinite(row[key])]
+    nan = float("nan")
+    if len(points) < 3:
+        return nan, nan, nan
+    n = len(points)
+    mx, my = statistics.fmean(x for x, _ in points), statistics.fmean(y for _, y in points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
+    half = statistics.NormalDist().inv_cdf((1 + level) / 2) * math.sqrt(residual / (n - 2) / sxx)
+    return slope, slope - half, slope + half
+
+
 def learning_summary(history: list[dict[str, Any]]) -> dict[str, float]:
-    """First-epoch mean and per-sample std, last-3-epoch mean, and whether it beat mean + std / 2."""
+    """First-epoch mean and per-sample std, last-3-epoch mean, the training reward's trend per epoch with its
+    95% CI, and ``learned``: the trend's CI lies above 0. Also the held-out reward of the fixed sample prompts
+    at the start and at the last epoch that sampled them, per reward, when the run sampled them."""
     first = history[0]
     nan = float("nan")
     last3 = statistics.fmean(nan if row["reward/mean"] is None else row["reward/mean"] for row in history[-3:])
-    if first["reward/mean"] is None:
-        return {"first_mean": nan, "first_std": nan, "last3_mean": last3, "threshold": nan, "learned": False}
-    threshold = first["reward/mean"] + first["reward/std"] / 2
-    return {"first_mean": first["reward/mean"], "first_std": first["reward/std"],
-            "last3_mean": last3, "threshold": threshold, "learned": last3 > threshold}
+    slope, low, high = reward_trend(history)
+    out = {"first_mean": nan if first["reward/mean"] is None else first["reward/mean"],
+           "first_std": nan if first["reward/std"] is None else first["reward/std"], "last3_mean": last3,
+           "epochs": len(history), "slope": slope, "slope_low": low, "slope_high": high, "learned": low > 0}
+    for key, value in first.items():
+        if key.startswith("heldout/") and key.endswith("/base") and value is not None:
+            name = key[8:-5]
+            last = [row for row in history if row.get(f"heldout/{name}/mean") is not None]
+            if last:
+                out[f"heldout/{name}/base"] = value
+                out[f"heldout/{name}/last"] = last[-1][f"heldout/{name}/mean"]
+                out[f"heldout/{name}/last_epoch"] = last[-1]["epoch"]
+    return out
 
 
 def describe_learning(summary: dict[str, float]) -> str:
-    """The one-line verdict `train` prints at the end."""
+    """The verdict `train` prints at the end: what the training reward did (on the training prompts, with the
+    sampler's noise), the held-out sample prompts' reward, and where the verdict that counts is."""
     s = summary
-    return (f"first epoch reward mean {s['first_mean']:.6g} (per-sample std {s['first_std']:.3g}); "
-            f"last 3 epochs mean {s['last3_mean']:.6g}; "
-            f"{'LEARNED' if s['learned'] else 'did not learn'}: last-3 mean "
-            f"{'>' if s['learned'] else '<='} first mean + std/2 = {s['threshold']:.6g}")
+    verdict = ("LEARNED: the trend's CI is above 0" if s["learned"] else
+               "did not learn: the trend's CI includes 0 or lies below it")
+    line = (f"training reward (training prompts): first epoch {s['first_mean']:.4g} (per-sample std "
+            f"{s['first_std']:.3g}), last 3 epochs {s['last3_mean']:.4g}; trend {s['slope']:+.3g}/epoch "
+            f"(95% CI [{s['slope_low']:+.3g}, {s['slope_high']:+.3g}]) over {s['epochs']} epochs; {verdict}")
+    heldout = [f"{k[8:-5]} {v:.4g} at epoch 0 -> {s[k[:-5] + '/last']:.4g} at epoch {s[k[:-5] + '/last_epoch']}"
+               for k, v in s.items() if k.startswith("heldout/") and k.endswith("/base")]
+    if heldout:
+        line += f". Sample grid prompts (held out, fixed noise): {'; '.join(heldout)}"
+    return line + ". The held-out evaluation (`flowgrpo evaluate`, the pipeline's evaluate step) decides."

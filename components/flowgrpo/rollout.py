@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -148,6 +149,19 @@ def sample_rollout(
         sigmas=sigmas[t_idx], sigmas_next=sigmas[t_idx + 1],
         trajectory=torch.cat(trajectories), log_probs=torch.cat(log_probs), images=np.concatenate(images),
     )
+
+
+@torch.no_grad()
+def ode_images(model: FlowMatchingModel, embeds: PromptEmbeddings, num_steps: int, resolution: int,
+               guidance_scale: float, generator: torch.Generator) -> np.ndarray:
+    """One image per row of ``embeds`` by plain Euler (ODE) sampling, as evaluation samples: a fixed
+    ``generator`` gives the same starting noise every time, so only the weights change the picture."""
+    levels = model.sigmas(num_steps, resolution).tolist()
+    x = torch.randn((len(embeds), *model.latent_shape(resolution)), generator=generator,
+                    device=model.device, dtype=torch.float32)
+    for s, s_next in itertools.pairwise(levels):
+        x = euler_step(model.predict_velocity(x, s, embeds, guidance_scale), s, s_next, x)
+    return to_pixels(model.decode(x))
 
 
 def to_pixels(images: torch.Tensor) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 from components.errors import TrackingError
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error
 from components.tracking.server import TRACKING_URI_ENV, experiment_id, mlflow_client, run_url, tracking_uri
-from components.tracking.tracker import SAMPLES_KEY, metric_batch, send_image
+from components.tracking.tracker import SAMPLES_KEY, base_metrics, metric_batch, send_image
 
 # MLflow takes at most 1000 metrics and 100 params per log_batch call
 _METRICS_PER_BATCH = 1000
@@ -111,6 +111,8 @@ class _Replay:
         rows = self.run.metrics
         metrics = [m for row, ts in zip(rows, self.timestamps, strict=True)
                    for m in metric_batch(row, int(row["epoch"]), ts)]
+        if rows:  # the base model's held-out reward, logged live at step 0 before the first epoch
+            metrics += metric_batch(base_metrics(rows[0]), 0, self.run.started_at_ms or self.timestamps[0])
         for i in range(0, len(metrics), _METRICS_PER_BATCH):
             batch = metrics[i:i + _METRICS_PER_BATCH]
             self._call("logging metrics", lambda b=batch: self.client.log_batch(self.run_id, metrics=b))

@@ -65,6 +65,13 @@ def metric_batch(metrics: dict[str, Any], step: int, timestamp_ms: int) -> list:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
 
 
+def base_metrics(row: dict[str, Any]) -> dict[str, Any]:
+    """The first row's ``heldout/<reward>/base`` values as ``heldout/<reward>/mean``: what the tracker logs at
+    step 0 (before any update), so the held-out curve starts at the base model."""
+    return {k.removesuffix("/base") + "/mean": v for k, v in row.items()
+            if k.startswith("heldout/") and k.endswith("/base")}
+
+
 def send_image(client: Any, run_id: str, image: np.ndarray, key: str, step: int, artifact_file: str) -> None:
     """Log ``image`` as ``artifact_file`` (a stable name in the artifact tree) and under ``key`` at ``step``
     (generated names under images/, which the image cards of MLflow's chart view read)."""

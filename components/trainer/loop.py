@@ -14,13 +14,13 @@ import torch
 from PIL import Image
 
 from components.console import status_line
-from components.dataset.prompts import PromptRow, load_prompt_rows
+from components.dataset.prompts import PromptRow, held_out_rows, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
 from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.flowgrpo.ema import LoRAEMA
 from components.flowgrpo.metrics import MetricsFile, learning_summary, progress_line
 from components.flowgrpo.prompt_cache import PromptEncoder
-from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.flowgrpo.rollout import SamplerSettings, ode_images, plan_steps, sample_rollout
 from components.flowgrpo.update import UpdateSettings, policy_update
 from components.models.base import FlowMatchingModel
 from components.models.loading import load_model
@@ -34,7 +34,7 @@ from components.rewards.scoring import (
     combine,
     concat_outputs,
 )
-from components.tracking.tracker import SAMPLES_KEY, NullTracker
+from components.tracking.tracker import SAMPLES_KEY, NullTracker, base_metrics
 from components.trainer import checkpoint as ckpt
 from components.trainer.collective import Collective
 from components.trainer.compilation import compile_transformer
@@ -45,7 +45,7 @@ from components.trainer.run_output import (
     SAMPLES_DIR,
     RunOutput,
 )
-from components.trainer.samples import pick_samples, sample_grid
+from components.trainer.samples import sample_grid
 from components.trainer.sharding import shard_transformer
 
 
@@ -78,6 +78,12 @@ def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
     Derived from (seed, epoch) alone, so a resumed run draws exactly what an uninterrupted one would.
     """
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_000)
+
+
+def showcase_seed(seed: int) -> int:
+    """The seed of the sample grids' starting noise: the same at every epoch (and after a resume), so the grids
+    show one set of scenes changing with the weights."""
+    return seed * 1_000_003 + 999_983
 
 
 def _noise_generators(seed: int, epoch: int, first_batch: int,
@@ -226,6 +232,7 @@ class Trainer:
         self.log = log
         self.tracker = tracker or NullTracker()
         self.rows = load_prompt_rows(config.data) if rows is None else rows
+        self.showcase = self._showcase_rows()
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False)
         try:  # a `diffusers` kind's family is known only now; reject its meaningless settings before training
@@ -249,7 +256,7 @@ class Trainer:
         LoRA, whole or sharded. Returns the LoRA parameters."""
         cfg, world = self.config, self.collective
         say = self.log if world.is_main else _silent
-        self.prompts = PromptEncoder(self.model, [r.prompt for r in self.rows],
+        self.prompts = PromptEncoder(self.model, [r.prompt for r in self.rows + self.showcase],
                                      offload=cfg.model.offload_text_encoders, cache_gib=cfg.model.prompt_cache_gib,
                                      log=say)
         self.model.to_device("vae")
@@ -359,23 +366,49 @@ class Trainer:
             "time/sampling": t1 - t0, "time/scoring": t2 - t1, "time/training": t3 - t2,
             "images_per_s": len(combined) / (t3 - t0),
         })
-        every = cfg.tracking.sample_every
-        if world.is_main and every:
-            if self.epoch == 1:  # sampled before any update (the LoRA starts at zero): the base model, as epoch 0
-                self._log_samples(rollout, combined[local], 0)
-            if self.epoch % every == 0 or self.epoch == cfg.train.epochs:
-                self._log_samples(rollout, combined[local], self.epoch)
+        if self._sample_epoch(self.epoch):
+            row.update(self.show_samples())
         return row
 
-    def _log_samples(self, rollout: Rollout, combined: np.ndarray, epoch: int) -> None:
-        prompts = [rollout.prompts[int(i)] for i in rollout.prompt_index]
-        chosen = pick_samples(prompts, self.config.tracking.sample_images)
-        grid = sample_grid(rollout.images[chosen], [prompts[i] for i in chosen], [float(combined[i]) for i in chosen])
-        name = f"{ckpt.checkpoint_name(epoch)}.png"
+    def _showcase_rows(self) -> list[PromptRow]:
+        """The grids' prompts: the first ``tracking.sample_images`` held-out prompts (the test split of a
+        prepared dataset, which the evaluation samples too), else the first training prompts."""
+        if not self.config.tracking.sample_every:
+            return []
+        rows, _ = held_out_rows(self.config.data)
+        return list({r.prompt: r for r in rows}.values())[:self.config.tracking.sample_images]
+
+    def _sample_epoch(self, epoch: int) -> bool:
+        every = self.config.tracking.sample_every
+        return bool(every) and (epoch % every == 0 or epoch == self.config.train.epochs)
+
+    def show_samples(self) -> dict[str, float]:
+        """ODE-sample the showcase prompts from fixed noise (every worker takes part: a sharded transformer
+        needs all of them for a forward), score them, save and log the grid as epoch ``self.epoch``. Returns
+        ``heldout/<reward>/mean`` for the pointwise rewards (a groupwise one needs a group)."""
+        cfg = self.config
+        rows = self.showcase
+        images = ode_images(self.model, self.prompts([r.prompt for r in rows]), cfg.sampling.eval_num_steps,
+                            cfg.model.resolution, cfg.sampling.guidance_scale,
+                            torch.Generator(self.model.device).manual_seed(showcase_seed(cfg.seed)))
+        if not self.collective.is_main:
+            return {}
+        keys = [k for k in self.scorer.weights if k not in self.scorer.groupwise]
+        outputs = self.scorer.score(images, [r.prompt for r in rows], [r.metadata for r in rows],
+                                    list(range(len(rows))), keys) if keys else {}
+        shown = outputs[keys[0]].scores if keys else np.full(len(rows), np.nan)
+        grid = sample_grid(images, [r.prompt for r in rows], [float(v) for v in shown],
+                           label=keys[0] if keys else "reward")
+        name = f"{ckpt.checkpoint_name(self.epoch)}.png"
         (self.output.local / SAMPLES_DIR).mkdir(exist_ok=True)
         Image.fromarray(grid).save(self.output.local / SAMPLES_DIR / name)
         self.output.publish(f"{SAMPLES_DIR}/{name}")
-        self.tracker.log_image(grid, key=SAMPLES_KEY, step=epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
+        self.tracker.log_image(grid, key=SAMPLES_KEY, step=self.epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
+        means = {}
+        for key, out in outputs.items():
+            ok = out.scores[np.isfinite(out.scores)]
+            means[f"heldout/{key}/mean"] = float(ok.mean()) if ok.size else float("nan")
+        return means
 
     def fit(self) -> TrainResult:
         """Train to ``train.epochs``. Only the main worker writes metrics, checkpoints and the LoRA."""
@@ -386,15 +419,23 @@ class Trainer:
         started = time.perf_counter()
         first_epoch = self.epoch
         try:
+            # the base model (the LoRA starts at zero): the first row carries it as heldout/<reward>/base
+            base = self.show_samples() if self.epoch == 0 and self._sample_epoch(0) and total else {}
+            first_mean = next(iter(self.metrics.read()), {}).get("reward/mean") if main else None
             while self.epoch < total:
                 row = self.run_epoch()
                 if not main:
                     continue
+                if base:
+                    row.update({k.removesuffix("/mean") + "/base": v for k, v in base.items()})
+                    self.tracker.log_metrics(base_metrics(row), step=0)
+                    base = {}
                 self.metrics.append(row)
                 self.output.publish(METRICS_FILE)
                 self.tracker.log_metrics(row, step=self.epoch)
                 rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
-                self.log(progress_line(row, total, rate * (total - self.epoch)))
+                first_mean = row["reward/mean"] if self.epoch == 1 else first_mean
+                self.log(progress_line(row, total, rate * (total - self.epoch), first_mean))
                 if self.epoch % cfg.train.checkpoint_every == 0 or self.epoch == total:
                     self.save_checkpoint()
         finally:

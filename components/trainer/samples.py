@@ -14,18 +14,6 @@ BACKGROUND = (255, 255, 255)
 TEXT = (0, 0, 0)
 
 
-def pick_samples(prompts: list[str], n: int) -> list[int]:
-    """Indices of the first sample of each of the first ``n`` distinct prompts (``prompts[i]`` is sample i's):
-    one tile per prompt, also when an epoch drew a prompt for more than one group."""
-    chosen: dict[str, int] = {}
-    for i, prompt in enumerate(prompts):
-        if prompt not in chosen:
-            chosen[prompt] = i
-            if len(chosen) == n:
-                break
-    return list(chosen.values())
-
-
 def _wrap(text: str, width_chars: int, lines: int) -> list[str]:
     out: list[str] = []
     rest = " ".join(text.split())
@@ -47,9 +35,9 @@ def tile_size(image_size: int) -> int:
     return image_size * max(1, math.ceil(MIN_TILE / image_size))
 
 
-def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float]) -> np.ndarray:
+def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], label: str = "reward") -> np.ndarray:
     """(N, H, W, 3) uint8 images -> one uint8 grid image; each tile is the image scaled up by an integer
-    factor (nearest) with "prompt" and "reward" lines under it."""
+    factor (nearest) with "prompt" and "<label> <reward>" lines under it."""
     n, h, w, _ = images.shape
     if not (n == len(prompts) == len(rewards)) or n == 0:
         raise ValueError(f"sample_grid needs as many prompts and rewards as images, got {n}/{len(prompts)}/"
@@ -66,7 +54,7 @@ def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float]) ->
         x, y = (i % cols) * tw, (i // cols) * (th + caption_h)
         grid.paste(Image.fromarray(images[i]).resize((tw, th), Image.Resampling.NEAREST), (x, y))
         reward = "failed" if not math.isfinite(rewards[i]) else f"{rewards[i]:.4g}"
-        lines = [*_wrap(prompts[i], chars, CAPTION_LINES), f"reward {reward}"]
+        lines = [*_wrap(prompts[i], chars, CAPTION_LINES), f"{label} {reward}"]
         for j, line in enumerate(lines):
             draw.text((x + 2, y + th + 2 + j * LINE_HEIGHT), line, fill=TEXT, font=font)
     return np.asarray(grid)

@@ -1,8 +1,12 @@
 """Per-epoch metrics file and progress line."""
 
 import json
+import math
 
-from components.flowgrpo.metrics import MetricsFile, progress_line
+import numpy as np
+import pytest
+
+from components.flowgrpo.metrics import MetricsFile, describe_learning, learning_summary, progress_line, reward_trend
 
 
 def test_progress_line_shows_failures_and_missing_values():
@@ -23,3 +27,48 @@ def test_metrics_file_writes_strict_json_and_truncates_on_resume(tmp_path):
     assert json.loads(lines[1]) == {"epoch": 2, "reward/mean": None}
     assert [r["epoch"] for r in metrics.truncate_after(2)] == [1, 2]
     assert [r["epoch"] for r in metrics.read()] == [1, 2]
+
+
+def test_progress_line_shows_what_moves_and_hides_what_does_not():
+    row = {"epoch": 5, "reward/mean": 0.30, "reward/std": 0.2, "update/advantage_abs_mean": 0.71,
+           "grad_norm": 0.84, "policy_loss": 1e-6, "kl": 0.0, "clipfrac": 0.0, "images_per_s": 12.0,
+           "time/sampling": 1.0, "time/scoring": 0.5, "time/training": 2.0, "heldout/geneval/mean": 0.41}
+    line = progress_line(row, 80, 10, first_mean=0.25)
+    assert "reward 0.300 ± 0.2 (+0.050 since epoch 1)" in line
+    assert "held-out geneval 0.410" in line and "|adv| 0.71 grad 0.84" in line
+    assert "loss" not in line and "kl" not in line and "clipfrac" not in line  # zero or ~0 by construction
+    acting = progress_line({**row, "kl": 0.02, "clipfrac": 0.125}, 80, 10, first_mean=0.25)
+    assert "clipfrac 0.125 kl 0.02" in acting
+    assert "since epoch 1" not in progress_line({**row, "epoch": 1}, 80, 10, first_mean=0.30)
+
+
+def _history(values):
+    return [{"epoch": i + 1, "reward/mean": v, "reward/std": 0.1} for i, v in enumerate(values)]
+
+
+def test_reward_trend_is_the_least_squares_slope_with_its_standard_error():
+    rng = np.random.default_rng(0)
+    y = 0.3 + 0.002 * np.arange(1, 41) + rng.normal(0, 0.02, 40)
+    slope, low, high = reward_trend(_history(y.tolist()))
+    # independently: numpy's least squares and the textbook standard error of a slope
+    x = np.arange(1, 41, dtype=float)
+    (b, _), residuals, *_ = np.polyfit(x, y, 1, full=True)
+    se = np.sqrt(residuals[0] / (len(x) - 2) / ((x - x.mean()) ** 2).sum())
+    assert slope == pytest.approx(b, rel=1e-9)
+    assert (low, high) == pytest.approx((b - 1.959964 * se, b + 1.959964 * se), rel=1e-5)
+    assert all(math.isnan(v) for v in reward_trend(_history([0.1, 0.2])))
+
+
+def test_the_verdict_is_the_trend_and_names_the_held_out_figures():
+    rising = learning_summary(_history([0.30, 0.31, 0.30, 0.33, 0.34, 0.35, 0.36]))
+    flat = learning_summary(_history([0.30, 0.35, 0.28, 0.33, 0.29, 0.34, 0.30]))
+    assert rising["learned"] and rising["slope_low"] > 0
+    assert not flat["learned"] and flat["slope_low"] < 0 < flat["slope_high"]
+    assert "LEARNED" in describe_learning(rising) and "did not learn" in describe_learning(flat)
+    rows = _history([0.30, 0.31, 0.32, 0.33])
+    rows[0]["heldout/geneval/base"] = 0.25
+    rows[1]["heldout/geneval/mean"], rows[3]["heldout/geneval/mean"] = 0.27, 0.31
+    summary = learning_summary(rows)
+    assert (summary["heldout/geneval/base"], summary["heldout/geneval/last"]) == (0.25, 0.31)
+    line = describe_learning(summary)
+    assert "geneval 0.25 at epoch 0 -> 0.31 at epoch 4" in line and "held-out evaluation" in line

@@ -3,20 +3,7 @@
 import numpy as np
 import pytest
 
-from components.trainer.samples import BACKGROUND, pick_samples, sample_grid, tile_size
-
-
-def test_pick_samples_takes_the_first_sample_of_each_new_prompt():
-    assert pick_samples(list("ddbdabc"), 3) == [0, 2, 4]
-    assert pick_samples(list("aabb"), 8) == [0, 2]
-
-
-def test_a_prompt_drawn_for_two_groups_gets_one_tile():
-    # 8 groups of 2 drawn from 6 prompts: "p0" and "p3" twice; the grid shows each prompt once
-    groups = ["p0", "p1", "p2", "p3", "p0", "p4", "p3", "p5"]
-    samples = [prompt for prompt in groups for _ in range(2)]
-    chosen = pick_samples(samples, 8)
-    assert [samples[i] for i in chosen] == ["p0", "p1", "p2", "p3", "p4", "p5"]
+from components.trainer.samples import BACKGROUND, sample_grid, tile_size
 
 
 def test_tiles_are_the_images_upscaled_and_captions_are_drawn():
