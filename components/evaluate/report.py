@@ -29,6 +29,7 @@ class PromptResult:
 # Distinguishable on white; the first is the overall reward/mean line.
 _PALETTE = ["#1f5fbf", "#d9480f", "#2b8a3e", "#862e9c", "#c92a2a", "#0b7285", "#e67700", "#5c940d"]
 _KEY_MEAN = re.compile(r"^reward/(.+)/mean$")
+_HELDOUT = re.compile(r"^heldout/(.+)/(?:mean|base)$")
 
 _CSS = """
 body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1400px; }
@@ -61,8 +62,13 @@ img.sample { image-rendering: pixelated; min-width: 128px; max-width: 256px; hei
 
 
 def render_report(summary: dict, prompts: list[PromptResult], history: list[dict], *, title: str) -> str:
-    """The whole report page as one HTML string."""
+    """The whole report page as one HTML string: the verdict and a summary first (counts, deltas with CIs,
+    held-out curves, biggest wins and losses), then the tables, training curves and every prompt."""
     rewards = summary.get("rewards") or {}
+    order = list(rewards)
+    gate = summary.get("gate") or {}
+    # The gate's reward (eval.json names it), else the first: the one whose gain the verdict is about.
+    metric = gate["metric"] if gate.get("metric") in rewards else next(iter(rewards), None)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -73,8 +79,10 @@ def render_report(summary: dict, prompts: list[PromptResult], history: list[dict
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
         _run_info(summary),
-        _gate(summary.get("gate")),
+        _gate(gate),
         _warnings(summary.get("warnings") or []),
+        _summary(rewards, metric, bool(gate), prompts, history),
+        *_wins_and_losses(prompts, metric, order),
         "<h2>Eval rewards</h2>",
         _reward_table(rewards),
         "<h2>Training reward</h2>",
@@ -83,7 +91,6 @@ def render_report(summary: dict, prompts: list[PromptResult], history: list[dict
     ]
     if not prompts:
         parts.append('<p class="muted">no prompts evaluated</p>')
-    order = list(rewards)
     parts.extend(_prompt_section(p, order) for p in prompts)
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -150,19 +157,57 @@ def _reward_table(rewards: dict) -> str:
     if not rewards:
         return '<p class="muted">no eval rewards</p>'
     head = "<tr><th>reward</th><th>base mean</th><th>LoRA mean</th><th>delta</th><th>CI</th><th>n</th></tr>"
-    rows = []
-    for key, r in rewards.items():
-        level = _finite(r.get("ci_level"))
-        ci = f"[{_num(r.get('ci_low'))}, {_num(r.get('ci_high'))}]"
-        if level is not None:
-            ci += f' <span class="muted">{level * 100:g}%</span>'
-        if r.get("few_prompts") and r.get("n"):
-            # eval.json's flag (evaluate.MIN_PROMPTS_FOR_CI): the interval is shown but must not be trusted.
-            ci += (f' <span class="few-prompts" title="a bootstrap interval over so few prompts says little">'
-                   f"only {_e(r['n'])} prompt(s): too few for this CI to mean much</span>")
-        rows.append(f"<tr><td>{_e(key)}</td><td>{_num(r.get('base_mean'))}</td><td>{_num(r.get('lora_mean'))}</td>"
-                    f"<td>{_delta(r.get('delta'))}</td><td>{ci}</td><td>{_e(r.get('n', ''))}</td></tr>")
+    rows = [f"<tr><td>{_e(key)}</td><td>{_num(r.get('base_mean'))}</td><td>{_num(r.get('lora_mean'))}</td>"
+            f"<td>{_delta(r.get('delta'))}</td><td>{_ci(r)}</td><td>{_e(r.get('n', ''))}</td></tr>"
+            for key, r in rewards.items()]
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _ci(row: dict) -> str:
+    """A summary row's interval, its level, and a mark when it rests on too few prompts."""
+    level = _finite(row.get("ci_level"))
+    ci = f"[{_num(row.get('ci_low'))}, {_num(row.get('ci_high'))}]"
+    if level is not None:
+        ci += f' <span class="muted">{level * 100:g}%</span>'
+    if row.get("few_prompts") and row.get("n"):
+        # eval.json's flag (evaluate.MIN_PROMPTS_FOR_CI): the interval is shown but must not be trusted.
+        ci += (f' <span class="few-prompts" title="a bootstrap interval over so few prompts says little">'
+               f"only {_e(row['n'])} prompt(s): too few for this CI to mean much</span>")
+    return ci
+
+
+def _summary(rewards: dict, metric: str | None, gated: bool, prompts: list[PromptResult],
+             history: list[dict]) -> str:
+    """How many prompts ``metric`` says got better, worse or stayed, each eval reward's delta and CI, and the
+    held-out curves the trainer recorded."""
+    if metric is None:
+        return ""
+    deltas = [_prompt_delta(p, metric) for p in prompts]
+    better, worse = sum(d is not None and d > 0 for d in deltas), sum(d is not None and d < 0 for d in deltas)
+    unscored = f" / {deltas.count(None)} without a score" if None in deltas else ""
+    role = " (the gated reward)" if gated else ""
+    counts = (f'<p class="counts">Per prompt on <b>{_e(metric)}</b>{role}, LoRA − base: '
+              f'<span class="pos">{better} prompts better</span> / <span class="neg">{worse} worse</span> / '
+              f"{deltas.count(0.0)} tied{unscored}</p>")
+    lines = "".join(f"<li><b>{_e(key)}</b>{role if key == metric else ''}: {_delta(r.get('delta'))} CI {_ci(r)}</li>"
+                    for key, r in rewards.items())
+    return f'<h2>Summary</h2>{counts}<ul class="deltas">{lines}</ul>{_heldout_svg(history)}'
+
+
+def _wins_and_losses(prompts: list[PromptResult], metric: str | None, order: list[str]) -> list[str]:
+    """The 3 prompts ``metric`` improved most and the 3 it worsened most; a zero delta is neither."""
+    if metric is None:
+        return []
+    scored = [(d, p) for p in prompts if (d := _prompt_delta(p, metric)) is not None]
+    wins = sorted((x for x in scored if x[0] > 0), key=lambda x: -x[0])[:3]
+    losses = sorted((x for x in scored if x[0] < 0), key=lambda x: x[0])[:3]
+    parts = []
+    for heading, picked, none in (("Biggest wins", wins, "improved"), ("Biggest losses", losses, "got worse")):
+        parts.append(f"<h2>{heading} on {_e(metric)}</h2>")
+        parts.extend(_prompt_section(p, order) for _, p in picked)
+        if not picked:
+            parts.append(f'<p class="muted">no prompt {none}</p>')
+    return parts
 
 
 def _history_svg(history: list[dict]) -> str:
@@ -187,6 +232,24 @@ def _history_svg(history: list[dict]) -> str:
     svgs = [_chart(name, pts, bnd, xr, _PALETTE[i % len(_PALETTE)], w, h)
             for i, (name, pts, bnd, w, h) in enumerate(charts)]
     return f'<div class="sides">{"".join(svgs)}</div>'
+
+
+def _heldout_svg(history: list[dict]) -> str:
+    """One chart per reward the trainer scored on its fixed held-out prompts and noise: its base value (first
+    row, before any training) at epoch 0, then the value after each epoch it sampled them."""
+    keys = sorted({m.group(1) for row in history for k in row if (m := _HELDOUT.match(k))})
+    charts = []
+    for key in keys:
+        base = _finite(history[0].get(f"heldout/{key}/base"))
+        points = [(0.0, base)] if base is not None else []
+        points += [(x, v) for row in history if (x := _finite(row.get("epoch"))) is not None
+                   and (v := _finite(row.get(f"heldout/{key}/mean"))) is not None]
+        if points:
+            xs = [x for x, _ in points]
+            # wider than the per-reward training charts: the longer name must fit above the plot
+            charts.append(_chart(f"held-out {key} (fixed prompts and noise)", points, [], (min(xs), max(xs)),
+                                 _PALETTE[len(charts) % len(_PALETTE)], 440, 180))
+    return f'<div class="sides">{"".join(charts)}</div>' if charts else ""
 
 
 def _chart(name: str, points: list[tuple[float, float]], band: list[tuple[float, float, float]],
@@ -249,6 +312,12 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(ok) / len(ok) if ok else None
 
 
+def _prompt_delta(result: PromptResult, key: str) -> float | None:
+    """LoRA - base of the prompt's mean score (over the images the reward scored); None when one side has none."""
+    base, lora = _mean(result.base_scores.get(key, [])), _mean(result.lora_scores.get(key, []))
+    return None if base is None or lora is None else lora - base
+
+
 def _prompt_section(result: PromptResult, order: list[str]) -> str:
     for side, images, scores in (("base", result.base_images, result.base_scores),
                                  ("LoRA", result.lora_images, result.lora_scores)):
@@ -257,10 +326,7 @@ def _prompt_section(result: PromptResult, order: list[str]) -> str:
                 raise ValueError(f"{side} scores for {key!r} have {len(values)} values for {len(images)} images")
     present = set(result.base_scores) | set(result.lora_scores)
     keys = [k for k in order if k in present] + sorted(present - set(order))
-    deltas = []
-    for k in keys:
-        base, lora = _mean(result.base_scores.get(k, [])), _mean(result.lora_scores.get(k, []))
-        deltas.append(f"{_e(k)} {_delta(None if base is None or lora is None else lora - base)}")
+    deltas = [f"{_e(k)} {_delta(_prompt_delta(result, k))}" for k in keys]
     return (f'<div class="prompt"><h3>{_e(result.prompt)}</h3>'
             f'<div class="muted">seed {_e(result.seed)}</div>'
             f"<p>delta of mean score (LoRA − base): {', '.join(deltas) or 'no scores'}</p>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import math
 import re
@@ -102,8 +103,9 @@ def decode_png(uri: str) -> np.ndarray:
 
 def test_images_are_inlined_losslessly_in_order(page):
     srcs = Page(page).values("img", "src")
-    sources = [img for p in prompts() for img in (*p.base_images, *p.lora_images)]
-    assert len(srcs) == len(sources) == 8
+    # Both prompts gained ocr (+0.25, then +0.15): the biggest wins show them first, then the full list again.
+    sources = [img for p in prompts() * 2 for img in (*p.base_images, *p.lora_images)]
+    assert len(srcs) == len(sources) == 16
     for src, expected in zip(srcs, sources, strict=True):
         assert np.array_equal(decode_png(src), expected)
 
@@ -112,8 +114,8 @@ def test_user_strings_are_escaped(page):
     parsed = Page(page)
     assert "script" not in parsed.tags  # the page has no script of its own, so any would be injected
     assert "<script>" not in page.lower()
-    # <title>, <h1>, gate reason, warning, prompt heading.
-    assert page.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &quot;quotes&quot;") == 5
+    # <title>, <h1>, gate reason, warning, prompt heading (among the biggest wins and in the full list).
+    assert page.count("&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &quot;quotes&quot;") == 6
     assert f"a sign that says {NASTY}" in "".join(parsed.text)  # shown to the reader as typed
 
 
@@ -196,3 +198,89 @@ def test_browser_shows_the_images(page, tmp_path: Path):
         # Each 32x32 image has 26 solid rows; shown at >= 128 px wide that is >= 128 * 104 pixels. More
         # than half of that proves the image both rendered and was upscaled (natively it has 832).
         assert near > 128 * 104 // 2, (colour, int(near))
+
+
+def _sections(page: str) -> dict[str, str]:
+    """The page's HTML after each <h2> up to the next one, by heading text."""
+    parts = re.split(r"<h2>(.*?)</h2>", page)
+    return {html.unescape(heading): body for heading, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _prompt_names(section: str) -> list[str]:
+    return [html.unescape(name) for name in re.findall(r'<div class="prompt"><h3>(.*?)</h3>', section)]
+
+
+# geneval (the gated reward, second in eval.json) deltas per prompt; geneval_strict's are their negatives, so
+# picking the wrong reward would swap wins and losses. None: the base failed geneval on that prompt.
+GENEVAL_DELTAS = {"p0": 0.5, "p1": -0.25, "p2": 0.0, "p3": 0.75, "p4": 0.125, "p5": -0.5, "p6": 0.25, "p7": 0.0,
+                  "p8": None}
+DEMO_SUMMARY = {
+    "rewards": {
+        "geneval_strict": {"delta": -0.031, "ci_low": -0.094, "ci_high": 0.031, "ci_level": 0.95, "n": 8},
+        "geneval": {"delta": 0.109, "ci_low": -0.078, "ci_high": 0.297, "ci_level": 0.95, "n": 8,
+                    "few_prompts": True},
+    },
+    "gate": {"promoted": False, "reason": "too few prompts", "metric": "geneval"},
+}
+
+
+def demo_prompts() -> list[PromptResult]:
+    return [PromptResult(prompt=name, seed=i, base_images=[image(COLOURS[i % 8], i)],
+                         lora_images=[image(COLOURS[(i + 1) % 8], i)],
+                         base_scores={"geneval": [math.nan if d is None else 0.25], "geneval_strict": [0.5]},
+                         lora_scores={"geneval": [0.25 + (d or 0.0)], "geneval_strict": [0.5 - (d or 0.0)]})
+            for i, (name, d) in enumerate(GENEVAL_DELTAS.items())]
+
+
+def test_summary_counts_prompts_by_the_gated_rewards_delta_and_lists_every_reward_with_its_ci():
+    page = render_report(DEMO_SUMMARY, demo_prompts(), [], title="t")
+    heads = list(_sections(page))
+    assert heads[:4] == ["Summary", "Biggest wins on geneval", "Biggest losses on geneval", "Eval rewards"]
+    assert page.index('class="gate rejected"') < page.index("<h2>Summary</h2>")
+    summary = _sections(page)["Summary"]
+    assert ("<b>geneval</b> (the gated reward), LoRA − base: <span class=\"pos\">4 prompts better</span> / "
+            "<span class=\"neg\">2 worse</span> / 2 tied / 1 without a score") in summary
+    assert ('<li><b>geneval_strict</b>: <span class="neg">-0.031</span> CI [-0.094, 0.031] '
+            '<span class="muted">95%</span>') in summary
+    assert ('<li><b>geneval</b> (the gated reward): <span class="pos">+0.109</span> CI [-0.078, 0.297] '
+            '<span class="muted">95%</span>') in summary
+    assert "only 8 prompt(s): too few" in summary  # the few-prompts mark travels with the CI
+
+
+def test_biggest_wins_and_losses_are_the_top_three_by_the_gated_rewards_delta():
+    sections = _sections(render_report(DEMO_SUMMARY, demo_prompts(), [], title="t"))
+    assert _prompt_names(sections["Biggest wins on geneval"]) == ["p3", "p0", "p6"]  # +0.75, +0.5, +0.25
+    assert _prompt_names(sections["Biggest losses on geneval"]) == ["p5", "p1"]  # -0.5, -0.25; zeros are neither
+    win = sections["Biggest wins on geneval"]
+    assert len(Page(win).values("img", "src")) == 3 * 2  # base and LoRA side by side
+    assert '<span class="pos">+0.750</span>' in win.split('<div class="prompt">')[1]
+    assert _prompt_names(sections["Base vs LoRA per prompt"]) == list(GENEVAL_DELTAS)  # all, in eval order
+
+
+def test_without_wins_or_losses_the_report_says_so_and_without_a_gate_the_first_reward_is_summarised():
+    flat = [p for p in demo_prompts() if GENEVAL_DELTAS[p.prompt] == 0.0]
+    sections = _sections(render_report(DEMO_SUMMARY, flat, [], title="t"))
+    assert "no prompt improved" in sections["Biggest wins on geneval"]
+    assert "no prompt got worse" in sections["Biggest losses on geneval"]
+    assert "0 prompts better</span> / <span class=\"neg\">0 worse</span> / 2 tied</p>" in sections["Summary"]
+    # No gate: the first eval reward (geneval_strict, deltas negated) decides wins and losses, unlabelled.
+    sections = _sections(render_report({**DEMO_SUMMARY, "gate": None}, demo_prompts(), [], title="t"))
+    assert _prompt_names(sections["Biggest wins on geneval_strict"]) == ["p5", "p1"]
+    assert "gated" not in sections["Summary"]
+
+
+def test_heldout_curves_start_at_the_base_value_and_follow_the_epochs_they_were_sampled_at():
+    history = [{"epoch": e, "reward/mean": 0.1 * e} for e in range(1, 11)]
+    history[0] |= {"heldout/geneval/base": 0.25, "heldout/geneval_strict/base": 0.0}
+    history[4] |= {"heldout/geneval/mean": 0.3, "heldout/geneval_strict/mean": None}  # a failed sample: no point
+    history[9] |= {"heldout/geneval/mean": 0.4, "heldout/geneval_strict/mean": 0.125}
+    page = render_report(DEMO_SUMMARY, [], history, title="t")
+    parsed = Page(_sections(page)["Summary"])
+    (x0, y0), (x5, y5), (x10, y10) = parsed.polyline("held-out geneval (fixed prompts and noise)")
+    assert (x5 - x0) / (x10 - x0) == pytest.approx(0.5, abs=0.01)  # epoch 5 halfway from 0 to 10
+    assert (y0 - y5) / (y0 - y10) == pytest.approx((0.3 - 0.25) / (0.4 - 0.25), abs=0.01)  # SVG y grows down
+    strict = parsed.polyline("held-out geneval_strict (fixed prompts and noise)")
+    assert len(strict) == 2 and strict[0][0] == x0 and strict[1][0] == x10
+    assert "epoch 0" in "".join(parsed.text)
+    assert "held-out" not in page.replace("held-out geneval", "")  # no chart for anything else
+    assert "held-out" not in render_report(DEMO_SUMMARY, [], HISTORY, title="t")  # none recorded: none drawn
