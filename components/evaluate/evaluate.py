@@ -21,8 +21,7 @@ import numpy as np
 
 from components import storage
 from components.console import status_line
-from components.dataset.prepared import read_manifest
-from components.dataset.prompts import PromptRow, is_prepared, load_prompt_rows
+from components.dataset.prompts import PromptRow, held_out_rows
 from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.report import PromptResult, render_report
 from components.flowgrpo.metrics import finite_or_none
@@ -51,9 +50,7 @@ class EvalResult:
 def eval_rows(config: TrainingJobConfig, limit: int | None) -> tuple[list[PromptRow], bool]:
     """The held-out ``test`` split of a prepared dataset, else the training prompts; and whether they are
     held out."""
-    data = config.data
-    held_out = data.path is not None and is_prepared(data.path) and read_manifest(data.path)["rows"]["test"] > 0
-    rows = load_prompt_rows(data.model_copy(update={"split": "test" if held_out else data.split}))
+    rows, held_out = held_out_rows(config.data)
     return rows[:limit] if limit else rows, held_out
 
 
