@@ -23,7 +23,7 @@ from pipeline.local_run import BUCKET, _following_kfp_local, _Progress, local_se
 
 pytestmark = pytest.mark.slow
 CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
-          "sampling.eval_num_steps=6"]
+          "sampling.eval_num_steps=6", "eval.max_prompts=16"]
 REGISTERED = load_config(DEFAULT_CONFIG).tracking.registered_model  # the default run registers its LoRA there
 STEPS = ["prepare-dataset", "deploy-reward-server", "train", "evaluate", "register", "teardown"]
 
