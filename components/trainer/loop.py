@@ -22,7 +22,7 @@ from components.flowgrpo.metrics import MetricsFile, learning_summary, progress_
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import SamplerSettings, ode_images, plan_steps, sample_rollout
 from components.flowgrpo.update import UpdateSettings, policy_update
-from components.models.base import FlowMatchingModel
+from components.models.base import FlowMatchingModel, PromptEmbeddings
 from components.models.loading import load_model
 from components.rewards.base import RewardOutput
 from components.rewards.client import RemoteRewardSet
@@ -233,6 +233,7 @@ class Trainer:
         self.tracker = tracker or NullTracker()
         self.rows = load_prompt_rows(config.data) if rows is None else rows
         self.showcase = self._showcase_rows()
+        self._showcase_embeds: PromptEmbeddings | None = None
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False)
         try:  # a `diffusers` kind's family is known only now; reject its meaningless settings before training
@@ -388,7 +389,9 @@ class Trainer:
         ``heldout/<reward>/mean`` for the pointwise rewards (a groupwise one needs a group)."""
         cfg = self.config
         rows = self.showcase
-        images = ode_images(self.model, self.prompts([r.prompt for r in rows]), cfg.sampling.eval_num_steps,
+        if self._showcase_embeds is None:  # once: with offloaded encoders and no cache, each encode moves them
+            self._showcase_embeds = self.prompts([r.prompt for r in rows])
+        images = ode_images(self.model, self._showcase_embeds, cfg.sampling.eval_num_steps,
                             cfg.model.resolution, cfg.sampling.guidance_scale,
                             torch.Generator(self.model.device).manual_seed(showcase_seed(cfg.seed)))
         if not self.collective.is_main:

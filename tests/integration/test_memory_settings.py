@@ -115,7 +115,8 @@ def test_a_prompt_set_over_the_cache_budget_is_encoded_each_epoch_with_the_encod
     original = trainer.model.move_text_encoders
     trainer.model.move_text_encoders = lambda device: (moves.append(torch.device(device).type), original(device))
     result = trainer.fit()
-    assert moves == [trainer.model.device.type, "cpu"] * config.train.epochs  # in for each epoch's prompts, out
+    # in for each epoch's prompts and out; once more for the sample grids' held-out prompts, encoded once
+    assert moves == [trainer.model.device.type, "cpu"] * (config.train.epochs + 1)
     reference = Trainer(_config("tiny-sd3"), tmp_path / "reference", log=_quiet).fit()
     assert [r["reward/mean"] for r in result.history] == pytest.approx([r["reward/mean"] for r in reference.history],
                                                                       rel=1e-5)
