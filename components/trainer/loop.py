@@ -195,16 +195,18 @@ def rollout_advantages(
                               clip=t.adv_clip_max)
 
 
+def _finite_stats(x: np.ndarray) -> tuple[float, float]:
+    """Mean and std of the scores that did not fail; NaN when all did."""
+    ok = x[np.isfinite(x)]
+    return (float(ok.mean()), float(ok.std())) if ok.size else (float("nan"), float("nan"))
+
+
 def _epoch_metrics(outputs: dict[str, RewardOutput], combined: np.ndarray, advantages: torch.Tensor,
                    group_ids: torch.Tensor) -> dict[str, float]:
-    def stats(x: np.ndarray) -> tuple[float, float]:
-        ok = x[np.isfinite(x)]
-        return (float(ok.mean()), float(ok.std())) if ok.size else (float("nan"), float("nan"))
-
     row: dict[str, float] = {}
-    row["reward/mean"], row["reward/std"] = stats(combined)
+    row["reward/mean"], row["reward/std"] = _finite_stats(combined)
     for key, out in outputs.items():
-        row[f"reward/{key}/mean"], row[f"reward/{key}/std"] = stats(out.scores)
+        row[f"reward/{key}/mean"], row[f"reward/{key}/std"] = _finite_stats(out.scores)
         row[f"reward/{key}/failed_fraction"] = out.failed / len(out.errors) if out.errors else 0.0
     row.update(group_statistics(torch.from_numpy(combined), group_ids.cpu()))
     # under update/ (the update's input), not advantage/: MLflow shows metric sections in name order, and
@@ -407,11 +409,7 @@ class Trainer:
         Image.fromarray(grid).save(self.output.local / SAMPLES_DIR / name)
         self.output.publish(f"{SAMPLES_DIR}/{name}")
         self.tracker.log_image(grid, key=SAMPLES_KEY, step=self.epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
-        means = {}
-        for key, out in outputs.items():
-            ok = out.scores[np.isfinite(out.scores)]
-            means[f"heldout/{key}/mean"] = float(ok.mean()) if ok.size else float("nan")
-        return means
+        return {f"heldout/{key}/mean": _finite_stats(out.scores)[0] for key, out in outputs.items()}
 
     def fit(self) -> TrainResult:
         """Train to ``train.epochs``. Only the main worker writes metrics, checkpoints and the LoRA."""
