@@ -1,6 +1,6 @@
 """Benchmarks of the reward path; each prints ratios measured side by side in one run.
 
-1. Server overhead: images/s through POST /v1/score (PNG encode, HTTP, decode) vs the same reward
+1. Server overhead: images/s through POST /v1/score (raw pixels, HTTP, decode) vs the same reward
    called in-process, batch 32, for jpeg_compressibility and ocr (target >= 0.9).
 2. Batching: 32 concurrent single-image requests vs one 32-image request to a batched reward whose
    call has a fixed cost (like a model forward).
@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from servers import running_server
 
-from components.reward_server.settings import Batching, ServerSettings
+from components.reward_server.settings import Batching, Limits, ServerSettings
 from components.rewards.client import RemoteRewardSet
 from components.rewards.codec import encode_png_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
@@ -67,7 +67,9 @@ def server_overhead(repeats: int) -> None:
     for name in ("jpeg_compressibility", "ocr"):
         specs = [RewardSpec(name=name)]
         local = RewardSet(specs)
-        with running_server(ServerSettings(rewards=specs)) as url:
+        # a 32-image batch of 512 px is twice the default per-request pixel budget (16 x 512 x 512)
+        limits = Limits(max_request_pixels=images.shape[0] * images.shape[1] * images.shape[2])
+        with running_server(ServerSettings(rewards=specs, limits=limits)) as url:
             remote = RemoteRewardSet(specs, RewardServerConfig(url=url))
             local.score(images, prompts, meta, groups, [name])  # warm-up (loads the OCR engine)
             remote.score(images, prompts, meta, groups, [name])
