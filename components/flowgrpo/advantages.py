@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
+
+# What divides the centred rewards: the batch's std, the group's own, or nothing (Dr.GRPO).
+AdvantageStd = Literal["global", "group", "none"]
 
 
 def _group_index(group_ids: torch.Tensor | Sequence, n: int) -> torch.Tensor:
@@ -23,15 +27,16 @@ def compute_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor | Sequence,
     *,
-    global_std: bool = True,
+    std: AdvantageStd = "global",
     eps: float = 1e-4,
     clip: float = 5.0,
 ) -> torch.Tensor:
     """``A_i = (r_i - mean_group) / (std + eps)``, clipped to ``[-clip, clip]``.
 
-    ``std`` is the population std of all valid rewards (``global_std``) or of the
-    group's own. Non-finite rewards are left out of every statistic and get 0; so
-    does every sample of a group with fewer than two valid rewards.
+    ``std`` is the population std of all valid rewards ("global") or of the group's
+    own ("group"); "none" leaves the centred reward undivided (Dr.GRPO). Non-finite
+    rewards are left out of every statistic and get 0; so does every sample of a
+    group with fewer than two valid rewards.
     """
     if rewards.ndim != 1:
         raise ValueError(f"rewards must be one scalar per sample (1-D), got shape {tuple(rewards.shape)}")
@@ -47,16 +52,16 @@ def compute_advantages(
     mean_g = _group_sums(r_valid, index) / count.clamp(min=1)
     centred = torch.where(valid, r - mean_g[index], torch.zeros_like(r))
 
-    if global_std:
-        if valid.any():
-            std = r[valid].std(unbiased=False).expand(n)
-        else:
-            std = torch.zeros(n, dtype=torch.float64)
-    else:
+    if std == "none":
+        adv = centred
+    elif std == "global":
+        scale = r[valid].std(unbiased=False) if valid.any() else torch.zeros((), dtype=torch.float64)
+        adv = centred / (scale + eps)
+    elif std == "group":
         var_g = _group_sums(centred**2, index) / count.clamp(min=1)
-        std = var_g.sqrt()[index]
-
-    adv = centred / (std + eps)
+        adv = centred / (var_g.sqrt()[index] + eps)
+    else:
+        raise ValueError(f"std must be one of global, group, none; got {std!r}")
     adv = torch.where(valid & (count[index] >= 2), adv, torch.zeros_like(adv))
     return adv.clamp(-clip, clip).to(dtype=rewards.dtype if rewards.is_floating_point() else torch.float32,
                                      device=rewards.device)
@@ -67,16 +72,17 @@ def gdpo_advantages(
     weights: dict[str, float],
     group_ids: torch.Tensor | Sequence,
     *,
-    global_std: bool = True,
+    reward_std: Literal["group", "global"] = "group",
     eps: float = 1e-4,
     clip: float = 5.0,
 ) -> torch.Tensor:
-    """GDPO: ``sum_k w_k A_k`` with each reward normalised per group, then batch-normalised.
+    """GDPO: ``sum_k w_k A_k`` with each reward normalised per group, then batch-normalised and clipped to
+    ``[-clip, clip]`` (as Flow-Factory clamps every advantage in its loss).
 
     A sample whose reward failed for any k gets 0 and is left out of the batch statistics.
     """
     names = list(rewards)
-    per_reward = torch.stack([compute_advantages(rewards[k], group_ids, global_std=global_std, eps=eps, clip=clip)
+    per_reward = torch.stack([compute_advantages(rewards[k], group_ids, std=reward_std, eps=eps, clip=clip)
                               for k in names])
     total = sum(weights[k] * per_reward[i] for i, k in enumerate(names))
     valid = torch.stack([torch.isfinite(rewards[k]) for k in names]).all(dim=0)
@@ -86,7 +92,7 @@ def gdpo_advantages(
     if valid.sum() < 2:
         return torch.zeros_like(total)
     sel = total[valid].double()
-    normed = (total.double() - sel.mean()) / sel.std(unbiased=False).clamp(min=1e-6)
+    normed = ((total.double() - sel.mean()) / sel.std(unbiased=False).clamp(min=1e-6)).clamp(-clip, clip)
     return torch.where(informative, normed, torch.zeros_like(normed)).to(total.dtype)
 
 

@@ -113,9 +113,11 @@ class TrainConfig(Section):
     )
     clip_range: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip epsilon")
     adv_clip_max: float = Field(default=5.0, gt=0)
-    global_std: bool = Field(
-        default=True,
-        description="normalise advantages by the batch std, not the group's (with reward_aggregation 'sum')",
+    advantage_std: Literal["global", "group", "none"] = Field(
+        default="global",
+        description="what divides each reward's deviation from its group mean (with reward_aggregation 'sum'): the "
+                    "batch's std (global), the group's own (group, GRPO as first published) or nothing (none: "
+                    "Dr.GRPO, as verl's norm_adv_by_std_in_grpo false; advantages keep the reward's scale)",
     )
     gdpo_reward_std: Literal["group", "global"] = Field(
         default="group",
@@ -155,6 +157,9 @@ class TrainConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "global_std" in data:
+            raise ValueError("train.global_std was replaced by train.advantage_std: global (was true), group (was "
+                             "false) or none (Dr.GRPO)")
         return _refuse_renamed_batch_size(data, "train", "samples per training forward pass (micro-batch)")
 
     @field_validator("adam_betas")

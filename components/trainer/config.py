@@ -52,7 +52,7 @@ class TrainingJobConfig(Section):
     def _check_consistency(self) -> TrainingJobConfig:
         s, t = self.sampling, self.train
         if s.group_size < 2:
-            hint = "" if t.global_std else " (with train.global_std false even its std is undefined)"
+            hint = " (with train.advantage_std group even its std is undefined)" if t.advantage_std == "group" else ""
             raise ValueError(
                 f"sampling.group_size must be at least 2, got {s.group_size}: advantages are relative to the "
                 f"prompt's group, so a group of one always has advantage 0{hint}"

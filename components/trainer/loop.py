@@ -189,9 +189,8 @@ def rollout_advantages(
     t = config.train
     if config.reward_aggregation == "gdpo":
         tensors = {k: torch.from_numpy(out.scores).float() for k, out in outputs.items()}
-        return gdpo_advantages(tensors, weights, group_ids.cpu(), global_std=t.gdpo_reward_std == "global",
-                               clip=t.adv_clip_max)
-    return compute_advantages(torch.from_numpy(combined).float(), group_ids.cpu(), global_std=t.global_std,
+        return gdpo_advantages(tensors, weights, group_ids.cpu(), reward_std=t.gdpo_reward_std, clip=t.adv_clip_max)
+    return compute_advantages(torch.from_numpy(combined).float(), group_ids.cpu(), std=t.advantage_std,
                               clip=t.adv_clip_max)
 
 

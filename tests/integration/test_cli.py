@@ -33,7 +33,7 @@ def _error_line(proc: subprocess.CompletedProcess) -> str:
     [
         (["train.learnig_rate=0.1"], "train.learnig_rate: unknown key"),
         (["train.learning_rate=-0.001"], "train.learning_rate: Input should be greater than 0"),
-        (["sampling.group_size=1", "train.global_std=false"], "sampling.group_size must be at least 2"),
+        (["sampling.group_size=1", "train.advantage_std=group"], "sampling.group_size must be at least 2"),
         (["train.batch_size=8"], "train.batch_size was renamed train.batch_size_per_worker"),
         (["train.batch_size_per_worker=7"], "train.batch_size_per_worker (7)"),
     ],

@@ -11,7 +11,7 @@ from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, 
 EPS = 1e-4
 
 
-def _numpy_advantages(r, g, global_std, clip=5.0):
+def _numpy_advantages(r, g, std, clip=5.0):
     r, g = np.asarray(r, dtype=np.float64), np.asarray(g)
     out = np.zeros_like(r)
     valid = np.isfinite(r)
@@ -20,8 +20,8 @@ def _numpy_advantages(r, g, global_std, clip=5.0):
         m = (g == gid) & valid
         if m.sum() < 2:
             continue
-        std = gstd if global_std else np.std(r[m])
-        out[m] = (r[m] - r[m].mean()) / (std + EPS)
+        centred = r[m] - r[m].mean()
+        out[m] = centred if std == "none" else centred / ((gstd if std == "global" else np.std(r[m])) + EPS)
     return np.clip(out, -clip, clip)
 
 
@@ -34,16 +34,26 @@ def test_single_sample_group_gets_zero():
 def test_global_vs_group_std_by_hand():
     r = torch.tensor([1.0, 2.0, 3.0, 4.0])
     g = [0, 0, 1, 1]
-    glob = compute_advantages(r, g, global_std=True)
-    grp = compute_advantages(r, g, global_std=False)
+    glob = compute_advantages(r, g, std="global")
+    grp = compute_advantages(r, g, std="group")
     pop_std = math.sqrt(1.25)  # population std of 1..4
     assert glob.tolist() == pytest.approx([-0.5 / (pop_std + EPS), 0.5 / (pop_std + EPS)] * 2, rel=1e-6)
     assert grp.tolist() == pytest.approx([-0.5 / (0.5 + EPS), 0.5 / (0.5 + EPS)] * 2, rel=1e-6)
 
 
+def test_dr_grpo_keeps_the_centred_reward_undivided():
+    """Dr.GRPO: r - mean of the group, whatever the spread; a 100x wider group gets 100x the advantage."""
+    r = torch.tensor([0.0, 0.2, 0.4, 10.0, 20.0, 30.0], dtype=torch.float64)
+    adv = compute_advantages(r, [0, 0, 0, 1, 1, 1], std="none", clip=100.0)
+    assert adv.tolist() == pytest.approx([-0.2, 0.0, 0.2, -10.0, 0.0, 10.0], abs=1e-12)
+    assert compute_advantages(r, [0, 0, 0, 1, 1, 1], std="none", clip=5.0).tolist()[3:] == [-5.0, 0.0, 5.0]
+    with pytest.raises(ValueError, match="global, group, none"):
+        compute_advantages(r, [0, 0, 0, 1, 1, 1], std="batch")
+
+
 def test_population_std_not_sample_std():
     r = torch.tensor([0.0, 2.0])
-    adv = compute_advantages(r, [0, 0], global_std=False)
+    adv = compute_advantages(r, [0, 0], std="group")
     assert adv[1].item() == pytest.approx(1.0 / (1.0 + EPS), rel=1e-6)  # ddof=0 std is 1, ddof=1 would be 1.414
 
 
@@ -69,26 +79,26 @@ def test_all_failed_gives_zeros():
 def test_clipping():
     r = torch.zeros(50)
     r[0] = 1.0
-    adv = compute_advantages(r, [0] * 50, global_std=False, clip=5.0)
+    adv = compute_advantages(r, [0] * 50, std="group", clip=5.0)
     unclipped = (1 - 0.02) / (math.sqrt(0.02 * 0.98) + EPS)
     assert unclipped > 5
     assert adv[0].item() == pytest.approx(5.0)
     assert adv[1].item() == pytest.approx(-0.02 / (math.sqrt(0.02 * 0.98) + EPS), rel=1e-5)
 
 
-@pytest.mark.parametrize("global_std", [True, False])
-def test_matches_independent_numpy(global_std):
+@pytest.mark.parametrize("std", ["global", "group", "none"])
+def test_matches_independent_numpy(std):
     rng = np.random.default_rng(0)
     r = rng.normal(size=96)
     r[[3, 40]] = np.nan
     g = np.repeat(rng.permutation(12), 8)
-    adv = compute_advantages(torch.tensor(r, dtype=torch.float32), torch.tensor(g), global_std=global_std)
-    np.testing.assert_allclose(adv.numpy(), _numpy_advantages(r.astype(np.float32), g, global_std), rtol=1e-5,
+    adv = compute_advantages(torch.tensor(r, dtype=torch.float32), torch.tensor(g), std=std)
+    np.testing.assert_allclose(adv.numpy(), _numpy_advantages(r.astype(np.float32), g, std), rtol=1e-5,
                                atol=1e-6)
 
 
 def test_non_contiguous_group_ids():
-    adv = compute_advantages(torch.tensor([1.0, 5.0, 2.0, 7.0]), [20, 10, 20, 10], global_std=False)
+    adv = compute_advantages(torch.tensor([1.0, 5.0, 2.0, 7.0]), [20, 10, 20, 10], std="group")
     assert adv.tolist() == pytest.approx([-0.5 / (0.5 + EPS), -1 / (1 + EPS), 0.5 / (0.5 + EPS), 1 / (1 + EPS)])
 
 
@@ -97,8 +107,8 @@ def test_gdpo_matches_independent_numpy():
     g = np.repeat(np.arange(4), 6)
     r1, r2 = rng.normal(size=24), rng.normal(size=24) * 10
     w = {"a": 1.0, "b": 0.5}
-    got = gdpo_advantages({"a": torch.tensor(r1), "b": torch.tensor(r2)}, w, torch.tensor(g))
-    total = w["a"] * _numpy_advantages(r1, g, True) + w["b"] * _numpy_advantages(r2, g, True)
+    got = gdpo_advantages({"a": torch.tensor(r1), "b": torch.tensor(r2)}, w, torch.tensor(g), reward_std="global")
+    total = w["a"] * _numpy_advantages(r1, g, "global") + w["b"] * _numpy_advantages(r2, g, "global")
     expected = (total - total.mean()) / np.std(total)
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6)
     assert got.mean().abs() < 1e-6 and got.std(unbiased=False).item() == pytest.approx(1.0)
@@ -150,7 +160,7 @@ def test_gdpo_defaults_to_the_per_group_std_of_each_reward():
     np.testing.assert_allclose(got.numpy(), expected, rtol=2e-3, atol=2e-3)  # eps 1e-4 in the std, float32
     glob = load_config(TINY_CONFIG, [*two, "train.gdpo_reward_std=global"])
     other = rollout_advantages(glob, w, outputs, np.zeros(24), torch.tensor(g))
-    total = w["a"] * _numpy_advantages(r1, g, True) + w["b"] * _numpy_advantages(r2, g, True)
+    total = w["a"] * _numpy_advantages(r1, g, "global") + w["b"] * _numpy_advantages(r2, g, "global")
     np.testing.assert_allclose(other.numpy(), (total - total.mean()) / total.std(), rtol=1e-5, atol=1e-5)
     assert float(np.abs(other.numpy() - expected).max()) > 0.5  # the two rules really differ here
 
@@ -160,6 +170,36 @@ def test_gdpo_keeps_a_group_no_reward_tells_apart_at_exactly_zero():
     g = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
     r1 = torch.tensor([0.3, 0.3, 0.3, 0.1, 0.9, 0.4, 0.2, 0.7, 0.5])
     r2 = torch.tensor([2.0, 2.0, 2.0, 1.0, 3.0, 0.5, 4.0, 1.0, 2.0])
-    got = gdpo_advantages({"a": r1, "b": r2}, {"a": 1.0, "b": 0.5}, g, global_std=False)
+    got = gdpo_advantages({"a": r1, "b": r2}, {"a": 1.0, "b": 0.5}, g)
     assert got[:3].tolist() == [0.0, 0.0, 0.0]
     assert bool((got[3:] != 0).all())
+
+
+def test_gdpo_clips_the_batch_normalised_advantage():
+    """Flow-Factory clamps every advantage to its clip range in the loss, GDPO's batch-normalised ones included: one
+    informative pair among 96 samples is 6.9 batch stds out, and is clipped to adv_clip_max."""
+    g = torch.arange(96) // 8
+    r1 = torch.zeros(96, dtype=torch.float64)
+    r1[[0, 1]] = torch.tensor([1.0, -1.0], dtype=torch.float64)  # one group with a spread: +-2 group stds
+    r2 = r1.clone()
+    clip = 5.0
+    got = gdpo_advantages({"a": r1, "b": r2}, {"a": 1.0, "b": 1.0}, g, clip=clip)
+    total = 2 * _numpy_advantages(r1.numpy(), g.numpy(), "group")
+    unclipped = (total - total.mean()) / total.std()
+    assert abs(unclipped[0]) > clip  # the case this test is about
+    np.testing.assert_allclose(got.numpy()[:2], np.clip(unclipped[:2], -clip, clip), rtol=1e-6)
+    assert got.numpy()[2:].tolist() == [0.0] * 94
+
+
+@pytest.mark.parametrize("std", ["global", "group", "none"])
+def test_the_trainer_reads_train_advantage_std(std):
+    from components.trainer.loop import rollout_advantages
+    from pipeline.config import TINY_CONFIG, load_config
+
+    rng = np.random.default_rng(4)
+    g = np.repeat(np.arange(4), 6)
+    combined = rng.normal(size=24) * np.repeat([0.01, 0.1, 1.0, 0.05], 6)
+    config = load_config(TINY_CONFIG, [f"train.advantage_std={std}"])
+    got = rollout_advantages(config, {"brightness": 1.0}, {}, combined, torch.tensor(g))
+    np.testing.assert_allclose(got.numpy(), _numpy_advantages(combined.astype(np.float32), g, std), rtol=1e-5,
+                               atol=1e-7)

@@ -58,7 +58,10 @@ def test_override_can_fill_a_null_section():
     [
         (["train.learnig_rate=0.1"], ["train.learnig_rate", "unknown key"]),
         (["train.learning_rate=-1"], ["train.learning_rate", "greater than 0", "-1"]),
-        (["sampling.group_size=1", "train.global_std=false"], ["sampling.group_size", "at least 2"]),
+        (["sampling.group_size=1", "train.advantage_std=group"], ["sampling.group_size", "at least 2",
+                                                                   "even its std is undefined"]),
+        (["train.global_std=false"], ["train.global_std was replaced by train.advantage_std", "group (was false)"]),
+        (["train.advantage_std=batch"], ["train.advantage_std", "'global', 'group' or 'none'"]),
         (["train.epochs=many"], ["train.epochs", "integer"]),
         (["sampling.sde_type=ode"], ["sampling.sde_type"]),
         (["model.kind=diffusers"], ["model.path is required"]),
