@@ -20,8 +20,12 @@ from components.trainer.loop import Trainer, run_worker
 from components.trainer.run_output import RunOutput
 from pipeline.config import CONFIG_DIR, load_config
 
-FAMILIES = {"tiny-sd3": CONFIG_DIR / "tiny-cpu.yaml", "tiny-flux": CONFIG_DIR / "tiny-flux-cpu.yaml",
-            "tiny-qwenimage": CONFIG_DIR / "tiny-qwenimage-cpu.yaml"}
+# the runs: a family's tiny config and overrides; DiffusionNFT on the SD3 twin (its old policy swapped in and out
+# of the sharded transformer's LoRA)
+FAMILIES = {"tiny-sd3": (CONFIG_DIR / "tiny-cpu.yaml", []), "tiny-flux": (CONFIG_DIR / "tiny-flux-cpu.yaml", []),
+            "tiny-qwenimage": (CONFIG_DIR / "tiny-qwenimage-cpu.yaml", []),
+            "tiny-sd3-nft": (CONFIG_DIR / "tiny-cpu.yaml",
+                             ["train.algorithm=diffusion_nft", "train.nft.decay_rate=0.5"])}
 # 2 workers x 4 images each, micro-batches of 2: 2 optimizer steps per epoch; KL and EMA on, so the reference
 # forward (adapter disabled) and the EMA copy run under sharding too
 RUN = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
@@ -35,7 +39,8 @@ def _quiet(_msg: str) -> None:
 
 
 def _config(kind: str, epochs: int, sharding: str):
-    return load_config(FAMILIES[kind], [*RUN, f"train.epochs={epochs}", f"train.sharding={sharding}"])
+    path, overrides = FAMILIES[kind]
+    return load_config(path, [*RUN, *overrides, f"train.epochs={epochs}", f"train.sharding={sharding}"])
 
 
 def _run(kind: str, out: Path, epochs: int, sharding: str) -> None:
@@ -78,6 +83,7 @@ COMPILED = ["train.compile=true", "train.gradient_checkpointing=true"]
 def compiled_sharded_run(rank: int, root: str, kind: str) -> None:
     """``train.compile`` with FSDP and gradient checkpointing, 2 epochs, beside a plain eager run (tiny-sd3)."""
     work = Path(root) / kind
-    run_worker(load_config(FAMILIES[kind], [*RUN, "train.epochs=2", "train.sharding=fsdp", *COMPILED]),
+    path, overrides = FAMILIES[kind]
+    run_worker(load_config(path, [*RUN, *overrides, "train.epochs=2", "train.sharding=fsdp", *COMPILED]),
                RunOutput(work / "fsdp-compiled"), log=_quiet, collective=TorchCollective())
     _run(kind, work / "plain", 2, "none")

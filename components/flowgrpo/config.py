@@ -87,7 +87,28 @@ class EMAConfig(Section):
                               description="optimizer steps between EMA updates (at steps s with (s + 1) % n == 0)")
 
 
+class NFTConfig(Section):
+    """DiffusionNFT's own settings (train.algorithm diffusion_nft; docs/ALGORITHM.md section 9)."""
+
+    beta: float = Field(default=1.0, gt=0, le=10,
+                        description="how far the implicit positive and negative policies lie from the old one: "
+                                    "v+ = beta v + (1 - beta) v_old, v- = (1 + beta) v_old - beta v")
+    decay_flat_steps: int = Field(default=0, ge=0, le=MAX_EPOCHS,
+                                  description="optimizer steps during which the old policy is replaced by the "
+                                              "trained one after each epoch (decay 0)")
+    decay_rate: float = Field(default=0.001, ge=0, le=1,
+                              description="then the old policy's decay grows by this per optimizer step ...")
+    max_decay: float = Field(default=0.5, ge=0, lt=1, description="... up to this: old <- d old + (1 - d) current")
+
+
 class TrainConfig(Section):
+    algorithm: Literal["flow_grpo", "diffusion_nft"] = Field(
+        default="flow_grpo",
+        description="flow_grpo: the policy gradient on SDE transitions (sections 1-6); diffusion_nft: DiffusionNFT, "
+                    "flow matching on the clean ODE samples between implicit positive and negative policies "
+                    "(section 9)",
+    )
+    nft: NFTConfig = Field(default_factory=NFTConfig)
     epochs: int = Field(default=40, ge=1, le=MAX_EPOCHS, description="rollout + update rounds")
     learning_rate: float = Field(default=3e-3, gt=0, le=1)
     adam_betas: tuple[StrictFloat, StrictFloat] = Field(
@@ -125,8 +146,11 @@ class TrainConfig(Section):
                     "method's definition, as Flow-Factory) or by its std over the batch, before the weighted sum is "
                     "batch-normalised",
     )
-    beta: float = Field(default=0.0, ge=0, description="KL weight to the adapter-disabled model")
-    timestep_fraction: float = Field(default=0.99, gt=0, le=1, description="share of the steps trained on")
+    beta: float = Field(default=0.0, ge=0, description="KL weight to the adapter-disabled model (diffusion_nft: "
+                                                       "of the velocities' mean squared difference)")
+    timestep_fraction: float = Field(default=0.99, gt=0, le=1,
+                                     description="share of the steps trained on (diffusion_nft: of the sampler's "
+                                                 "noise levels, drawn per micro-batch)")
     train_cfg: bool = Field(default=False, description="repeat CFG in the training forward")
     max_grad_norm: float = Field(default=1.0, gt=0)
     ema: EMAConfig = Field(default_factory=EMAConfig)

@@ -1,4 +1,4 @@
-"""Exponential moving average of the LoRA weights, used for saving and evaluation."""
+"""Exponential moving average of the LoRA weights, used for saving and evaluation; swapping weights in and out."""
 
 from __future__ import annotations
 
@@ -29,19 +29,9 @@ class LoRAEMA:
         for s, p in zip(self.shadow, params, strict=True):
             s.mul_(decay).add_(p.detach(), alpha=1 - decay)
 
-    @contextlib.contextmanager
-    def applied(self, params: list[torch.nn.Parameter]) -> Iterator[None]:
+    def applied(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[None]:
         """Swap the EMA weights into ``params`` for the duration of the block."""
-        backup = [p.detach().clone() for p in params]
-        with torch.no_grad():
-            for s, p in zip(self.shadow, params, strict=True):
-                p.copy_(s)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for b, p in zip(backup, params, strict=True):
-                    p.copy_(b)
+        return weights_applied(params, self.shadow)
 
     def state_dict(self) -> dict:
         return {"shadow": [s.cpu() for s in self.shadow]}
@@ -49,3 +39,18 @@ class LoRAEMA:
     def load_state_dict(self, state: dict) -> None:
         for s, loaded in zip(self.shadow, state["shadow"], strict=True):
             s.copy_(loaded)
+
+
+@contextlib.contextmanager
+def weights_applied(params: list[torch.nn.Parameter], weights: list[torch.Tensor]) -> Iterator[None]:
+    """``weights`` copied into ``params`` for the duration of the block, the params' own values restored after."""
+    backup = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for w, p in zip(weights, params, strict=True):
+            p.copy_(w)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, p in zip(backup, params, strict=True):
+                p.copy_(b)

@@ -46,7 +46,8 @@ class Rollout:
     prompt_index: torch.Tensor  # (B,) long: the sample's prompt, also its GRPO group
     sigmas: torch.Tensor  # (T,) noise level before each stored step
     sigmas_next: torch.Tensor  # (T,)
-    trajectory: torch.Tensor  # (B, T + 1, *latent) float32: stored step t goes from [:, t] to [:, t + 1]
+    trajectory: torch.Tensor  # (B, T + 1, *latent) float32: stored step t goes from [:, t] to [:, t + 1]; with no
+    # train_steps (T = 0) only the final, clean latent
     log_probs: torch.Tensor  # (B, T) float32
     images: np.ndarray  # (B, H, W, 3) uint8, what rewards score
     levels: list[tuple[float, float]] = field(init=False, repr=False)  # (sigma, sigma_next) per stored step
@@ -110,8 +111,9 @@ def sample_rollout(
     levels = sigmas.tolist()
     shape = model.latent_shape(settings.resolution)
     sde_steps, train_steps = set(settings.sde_steps), settings.train_steps
-    if train_steps != tuple(range(train_steps[0], train_steps[0] + len(train_steps))):
+    if train_steps and train_steps != tuple(range(train_steps[0], train_steps[0] + len(train_steps))):
         raise ValueError(f"train_steps must be consecutive, got {train_steps}")
+    last_stored = train_steps[-1] if train_steps else settings.num_steps - 1  # none: keep the final latent only
 
     trajectories, log_probs, images = [], [], []
     for b, idx in enumerate(prompt_index.split(batch_size)):
@@ -135,15 +137,15 @@ def sample_rollout(
                 states.append(x)
                 lps.append(lp)
             x = x_next
-            if i == train_steps[-1]:
+            if i == last_stored:
                 states.append(x)
         trajectories.append(torch.stack(states, dim=1))
-        log_probs.append(torch.stack(lps, dim=1))
+        log_probs.append(torch.stack(lps, dim=1) if lps else x.new_zeros((len(idx), 0)))
         images.append(to_pixels(model.decode(x)))
         if on_batch is not None:
             on_batch(images[-1], idx.cpu())
 
-    t_idx = torch.tensor(train_steps)
+    t_idx = torch.tensor(train_steps, dtype=torch.long)
     return Rollout(
         prompts=list(prompts), embeds=embeds, prompt_index=prompt_index,
         sigmas=sigmas[t_idx], sigmas_next=sigmas[t_idx + 1],

@@ -75,8 +75,7 @@ def policy_update(
     scale = 1.0 / (n_steps * settings.gradient_accumulation_steps)
     trained = 0
     device_advantages = advantages.to(model.device)
-    sums: dict[str, torch.Tensor | float] = defaultdict(float)  # tensors: no device sync per timestep
-    counts: dict[str, int] = defaultdict(int)
+    means = MetricMeans()
 
     model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward
     for _ in range(settings.inner_epochs):
@@ -101,24 +100,44 @@ def policy_update(
                 step = sampler.train_steps[t]
                 for k, v in metrics.items():
                     for key in (k, f"update/{k}/step{step}") if k in PER_STEP_METRICS else (k,):
-                        sums[key] = sums[key] + v
-                        counts[key] += 1
+                        means.add(key, v)
             if (i + 1) % settings.gradient_accumulation_steps == 0:
-                if average_grads is not None:
-                    for p in params:  # every worker must reduce the same tensors
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                    average_grads([p.grad for p in params])
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                means.add("grad_norm", apply_gradients(optimizer, params, settings.max_grad_norm, average_grads))
                 optimizer_step += 1
-                sums["grad_norm"] = sums["grad_norm"] + grad_norm.detach()
-                counts["grad_norm"] += 1
                 if ema is not None:
                     ema.step(params, optimizer_step)
-    keys = list(sums)  # one host read for every metric, not one per key (per-step keys grow with the steps)
-    totals = torch.stack([torch.as_tensor(sums[k]) for k in keys]).double().cpu().tolist()
-    metrics = {k: total / counts[k] for k, total in zip(keys, totals, strict=True)}
+    metrics = means.result()
     metrics["trained_fraction"] = trained / (len(rollout) * settings.inner_epochs)
     return metrics, optimizer_step
+
+
+class MetricMeans:
+    """Running means of an update's metrics, kept as tensors (no device sync per forward) and read once."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor | float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, key: str, value: torch.Tensor | float) -> None:
+        self.sums[key] = self.sums[key] + value
+        self.counts[key] += 1
+
+    def result(self) -> dict[str, float]:
+        keys = list(self.sums)  # one host read for every metric, not one per key
+        totals = torch.stack([torch.as_tensor(self.sums[k]) for k in keys]).double().cpu().tolist() if keys else []
+        return {k: total / self.counts[k] for k, total in zip(keys, totals, strict=True)}
+
+
+def apply_gradients(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float,
+                    average_grads: Callable[[list[torch.Tensor]], None] | None) -> torch.Tensor:
+    """One optimizer step on the accumulated gradients, averaged over the workers first (when ``average_grads``)
+    and clipped to ``max_grad_norm``; returns the gradient norm before clipping."""
+    if average_grads is not None:
+        for p in params:  # every worker must reduce the same tensors
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        average_grads([p.grad for p in params])
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.detach()

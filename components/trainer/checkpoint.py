@@ -1,10 +1,10 @@
 """Checkpoints under ``OUTPUT/checkpoints/``, a local directory or an ``s3://`` prefix.
 
 Each checkpoint ``epoch-NNNNNN`` holds the LoRA in diffusers format (the EMA weights when EMA is on) and
-``trainer_state.pt`` (raw LoRA weights, optimizer, EMA, RNG, counters). It is built in a local staging
-directory and published by :func:`publish_checkpoint` as a folder (:func:`components.storage.publish_folder`:
-files first, then a manifest) and then the ``latest`` pointer, so a reader (or a resume after a crash
-mid-upload) never sees a partial checkpoint.
+``trainer_state.pt`` (raw LoRA weights, optimizer, EMA, the algorithm's state, RNG, counters). It is built in a
+local staging directory and published by :func:`publish_checkpoint` as a folder
+(:func:`components.storage.publish_folder`: files first, then a manifest) and then the ``latest`` pointer, so a
+reader (or a resume after a crash mid-upload) never sees a partial checkpoint.
 
 Importing this module imports no torch (``run_output`` reads the newest checkpoint's URI where torch is not
 installed); writing and reading a checkpoint's state do.
@@ -49,6 +49,7 @@ class TrainerState:
     rng: torch.Tensor
     config_fingerprint: dict
     mlflow_run_id: str | None = None
+    algorithm: dict | None = None  # the algorithm's own state (DiffusionNFT: its old policy)
 
 
 def checkpoint_root(output: str | Path) -> str:

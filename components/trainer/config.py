@@ -60,6 +60,9 @@ class TrainingJobConfig(Section):
         problems = epoch_split_problems(self, 1)
         if problems:
             raise ValueError("; ".join(problems))
+        if t.algorithm == "diffusion_nft" and s.sde_window is not None:
+            raise ValueError("sampling.sde_window is FlowGRPO's: train.algorithm diffusion_nft samples with the ODE "
+                             "and trains on noise levels it draws itself; remove sampling.sde_window")
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
         if not t.cfg_uncond_grad and not t.train_cfg:

@@ -20,8 +20,7 @@ from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, 
 from components.flowgrpo.ema import LoRAEMA
 from components.flowgrpo.metrics import MetricsFile, learning_summary, progress_line
 from components.flowgrpo.prompt_cache import PromptEncoder
-from components.flowgrpo.rollout import SamplerSettings, ode_images, plan_steps, sample_rollout
-from components.flowgrpo.update import UpdateSettings, policy_update
+from components.flowgrpo.rollout import ode_images, sample_rollout
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 from components.models.loading import load_model
 from components.rewards.base import RewardOutput
@@ -36,6 +35,7 @@ from components.rewards.scoring import (
 )
 from components.tracking.tracker import SAMPLES_KEY, NullTracker, base_metrics
 from components.trainer import checkpoint as ckpt
+from components.trainer.algorithms import build_algorithm
 from components.trainer.collective import Collective
 from components.trainer.compilation import compile_transformer
 from components.trainer.config import TrainingJobConfig, check_guidance, describe_batches, epoch_split_problems
@@ -109,32 +109,6 @@ def _epoch_prompts(rows: list[PromptRow], n: int, generator: torch.Generator) ->
     while len(order) < n:
         order += torch.randperm(len(rows), generator=generator).tolist()
     return [rows[i] for i in order[:n]]
-
-
-def _sampler_settings(config: TrainingJobConfig, generator: torch.Generator) -> SamplerSettings:
-    s = config.sampling
-    window = None
-    if s.sde_window is not None:  # once per epoch, for every sample of it (upstream: once per sampling batch)
-        lo, hi = s.sde_window.range
-        size = s.sde_window.size
-        window = (int(torch.randint(lo, hi - size + 1, (1,), generator=generator)), size)
-    sde_steps, train_steps = plan_steps(s.num_steps, config.train.timestep_fraction, window)
-    return SamplerSettings(
-        num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level, sde_type=s.sde_type,
-        resolution=config.model.resolution, sde_steps=sde_steps, train_steps=train_steps,
-    )
-
-
-def _update_settings(config: TrainingJobConfig, model: FlowMatchingModel) -> UpdateSettings:
-    """Each worker trains on its own samples in micro-batches of ``train.batch_size_per_worker``; gradients are
-    averaged over the workers before every optimizer step."""
-    t = config.train
-    return UpdateSettings(
-        batch_size=t.batch_size_per_worker, gradient_accumulation_steps=t.gradient_accumulation_steps,
-        inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
-        guidance_scale=model.training_guidance_scale(config.sampling.guidance_scale, t.train_cfg),
-        cfg_uncond_grad=t.cfg_uncond_grad, skip_zero_advantage=t.skip_zero_advantage,
-    )
 
 
 RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, the memory and speed settings "
@@ -248,6 +222,7 @@ class Trainer:
             fused=self.model.device.type == "cuda" or None,  # one kernel for all LoRA tensors on CUDA
         )
         self.ema = LoRAEMA(self.params, t.ema.decay, t.ema.update_every) if t.ema.enabled else None
+        self.algorithm = build_algorithm(config, self.model, self.params)
         self.epoch = 0
         self.optimizer_step = 0
         self.metrics = MetricsFile(self.output.local / METRICS_FILE)
@@ -292,6 +267,7 @@ class Trainer:
             lora=[p.detach().cpu().clone() for p in self.params], optimizer=self.optimizer.state_dict(),
             ema=self.ema.state_dict() if self.ema else None, rng=torch.get_rng_state(),
             config_fingerprint=_fingerprint(self.config), mlflow_run_id=self.tracker.run_id,
+            algorithm=self.algorithm.state_dict(),
         )
         uri = ckpt.write_checkpoint(self.output.uri, self.output.scratch, state, self._save_lora)
         self.tracker.set_tags({"flowgrpo.latest_checkpoint": uri})
@@ -311,6 +287,7 @@ class Trainer:
         self.optimizer.load_state_dict(state.optimizer)
         if self.ema is not None:
             self.ema.load_state_dict(state.ema)
+        self.algorithm.load_state_dict(state.algorithm)
         torch.set_rng_state(state.rng)
         self.epoch, self.optimizer_step = state.epoch, state.optimizer_step
         if self.collective.is_main:
@@ -326,7 +303,7 @@ class Trainer:
         cfg, world = self.config, self.collective
         cpu_gen = _epoch_generator(cfg.seed, self.epoch)
         prompts = _epoch_prompts(self.rows, cfg.sampling.prompts_per_epoch, cpu_gen)
-        sampler = _sampler_settings(cfg, cpu_gen)
+        sampler = self.algorithm.sampler_settings(cpu_gen)
         group_size, batch_size = cfg.sampling.group_size, cfg.sampling.batch_size_per_worker
         share = len(prompts) // world.world_size
         mine = prompts[world.rank * share:(world.rank + 1) * share]
@@ -341,8 +318,9 @@ class Trainer:
         t0 = time.perf_counter()
         prompt_texts = [r.prompt for r in mine]
         # a batch whose scoring failed for good (the reward server gone past its retry window) stops sampling
-        rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
-                                 on_batch=score_batch, embeds=self.prompts(prompt_texts), check=scoring.check)
+        with self.algorithm.sampling_weights():
+            rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
+                                     on_batch=score_batch, embeds=self.prompts(prompt_texts), check=scoring.check)
         t1 = time.perf_counter()
         outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
         t2 = time.perf_counter()
@@ -353,9 +331,8 @@ class Trainer:
         group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
         advantages = rollout_advantages(cfg, self.scorer.weights, outputs, combined, group_ids)
         local = slice(world.rank * len(rollout), (world.rank + 1) * len(rollout))
-        update_metrics, self.optimizer_step = policy_update(
-            self.model, self.optimizer, self.params, rollout, advantages[local], sampler,
-            _update_settings(cfg, self.model), cpu_gen, self.ema, self.optimizer_step,
+        update_metrics, self.optimizer_step = self.algorithm.update(
+            self.optimizer, rollout, advantages[local], sampler, cpu_gen, self.ema, self.optimizer_step,
             average_grads=world.average_ if world.world_size > 1 else None,
         )
         t3 = time.perf_counter()

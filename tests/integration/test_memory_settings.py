@@ -14,7 +14,8 @@ from components.flowgrpo.rollout import sample_rollout, step_log_prob
 from components.models.base import TEXT_ENCODERS
 from components.models.loading import load_model
 from components.trainer import checkpoint as ckpt
-from components.trainer.loop import Trainer, _sampler_settings, _update_settings
+from components.trainer.algorithms import FlowGRPO
+from components.trainer.loop import Trainer
 from pipeline.config import CONFIG_DIR, load_config
 
 FAMILIES = {"tiny-sd3": CONFIG_DIR / "tiny-cpu.yaml", "tiny-flux": CONFIG_DIR / "tiny-flux-cpu.yaml",
@@ -47,8 +48,9 @@ def test_gradient_checkpointing_recomputes_every_block_and_changes_no_ratio_and_
     with torch.no_grad():  # a LoRA away from its zero init, so every LoRA matrix gets a gradient
         for p in params:
             p.add_(0.01 * torch.randn_like(p))
-    settings = _sampler_settings(config, torch.Generator().manual_seed(0))
-    guidance = _update_settings(config, model).guidance_scale
+    algorithm = FlowGRPO(config, model, params)
+    settings = algorithm.sampler_settings(torch.Generator().manual_seed(0))
+    guidance = algorithm.training_guidance()
     rollout = sample_rollout(model, PROMPTS, 4, 8, settings, torch.Generator().manual_seed(1))
     advantages = torch.linspace(-1, 1, len(rollout))
     idx = torch.randperm(len(rollout), generator=torch.Generator().manual_seed(2))[:4]

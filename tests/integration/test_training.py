@@ -86,9 +86,11 @@ def test_saved_lora_reloads_through_diffusers_and_reproduces_images(small_config
     assert not np.array_equal(base, reloaded)  # the LoRA really changes the images
 
 
-@pytest.mark.parametrize("ema", [False, True])
-def test_resume_gives_the_same_final_lora_as_an_uninterrupted_run(small_config, tmp_path, ema):
+@pytest.mark.parametrize(("ema", "algorithm"), [(False, "flow_grpo"), (True, "flow_grpo"), (True, "diffusion_nft")])
+def test_resume_gives_the_same_final_lora_as_an_uninterrupted_run(small_config, tmp_path, ema, algorithm):
     extra = ["train.ema.enabled=true", "train.ema.update_every=1", "train.ema.decay=0.5"] if ema else []
+    # DiffusionNFT: an old policy that lags (decay 0.5 from the first step), so a resume must restore it
+    extra += [f"train.algorithm={algorithm}", "train.nft.decay_rate=0.5"]
     full = train(small_config("train.epochs=4", *extra), tmp_path / "full", log=_quiet)
     train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
     resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)
@@ -112,6 +114,12 @@ def test_resume_gives_the_same_final_lora_as_an_uninterrupted_run(small_config, 
     if ema:  # the exported LoRA is the EMA, not the raw weights
         raw = s_full.lora[0]
         assert not torch.equal(raw, s_full.ema["shadow"][0])
+    if algorithm == "diffusion_nft":
+        old = s_full.algorithm["old_policy"]
+        assert all(torch.equal(a, b) for a, b in zip(old, s_res.algorithm["old_policy"], strict=True))
+        assert not torch.equal(old[-1], s_full.lora[-1])  # the old policy really lags the trained weights
+    else:
+        assert s_full.algorithm is None
 
 
 def test_resume_refusals(small_config, tmp_path):

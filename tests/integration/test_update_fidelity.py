@@ -123,7 +123,10 @@ def test_ema_follows_upstreams_warmup_and_schedule_in_closed_form():
 
 def test_the_sde_window_lies_inside_its_range_as_upstreams_does():
     """Upstream draws the window's start with random.randint(lo, hi - size): inclusive, inside [lo, hi)."""
-    from components.trainer.loop import _sampler_settings
+    from components.trainer.algorithms import FlowGRPO
+
+    def _sampler_settings(config, generator):
+        return FlowGRPO(config, None, []).sampler_settings(generator)  # reads only the config
 
     config = load_config(TINY_CONFIG, ["sampling.sde_window.size=2", "sampling.sde_window.range=[1,6]"])
     windows = {_sampler_settings(config, torch.Generator().manual_seed(seed)).sde_steps for seed in range(200)}
