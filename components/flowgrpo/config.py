@@ -133,6 +133,12 @@ class TrainConfig(Section):
                     "still add KL)",
     )
     clip_range: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip epsilon")
+    grpo_guard: bool = Field(
+        default=False,
+        description="GRPO-Guard (flow_grpo, sampling.sde_type sde): the ratio normalised per step, "
+                    "exp(s (logp - logp_old) + mean((mu - mu_old)^2) / (2 s)) with s the step's noise std, and the "
+                    "policy loss divided by the step's |dt|, as the paper's code (its recipes clip at 2e-6)",
+    )
     adv_clip_max: float = Field(default=5.0, gt=0)
     advantage_std: Literal["global", "group", "none"] = Field(
         default="global",

@@ -1,15 +1,38 @@
-"""Clipped FlowGRPO policy loss with optional KL to the reference model (docs/ALGORITHM.md section 6).
+"""Clipped FlowGRPO policy loss with optional KL to the reference model and GRPO-Guard's ratio normalisation
+(docs/ALGORITHM.md section 6).
 
 Imports only torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
 def _per_sample_mean(x: torch.Tensor) -> torch.Tensor:
     return x.mean(dim=tuple(range(1, x.ndim))) if x.ndim > 1 else x
+
+
+@dataclass(frozen=True)
+class GuardTerms:
+    """What GRPO-Guard needs of one stored transition: the rollout's own mean, the step's noise std
+    ``s = std_dev_t * sqrt(-dt)`` and ``|dt|``."""
+
+    old_mean: torch.Tensor
+    noise_std: torch.Tensor  # (B, 1, ..., 1)
+    dt: float  # |sigma_next - sigma|
+
+
+def guard_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mean: torch.Tensor,
+                    guard: GuardTerms) -> torch.Tensor:
+    """GRPO-Guard's normalised log-ratio ``s (logp - logp_old) + mean_CHW((mean - old_mean)^2) / (2 s)``, which
+    equals ``mean_CHW(eps * (mean - old_mean))`` (``eps`` the step's drawn noise): centred on 0 with the same
+    spread at every step, where the plain log-ratio is shifted by ``-mse / (2 s^2)``."""
+    s = _per_sample_mean(guard.noise_std.float())
+    mse = _per_sample_mean((mean.float() - guard.old_mean.float()) ** 2)
+    return s * (log_prob - old_log_prob.detach()) + mse / (2 * s)
 
 
 def flow_grpo_loss(
@@ -22,18 +45,28 @@ def flow_grpo_loss(
     ref_mean: torch.Tensor | None = None,
     std_dev_t: torch.Tensor | None = None,
     beta: float = 0.0,
+    guard: GuardTerms | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-style clipped loss on per-sample log-probs of one timestep.
 
     ``kl = mean_CHW((mean - ref_mean)**2) / (2 * std_dev_t**2)``, averaged over the
-    batch, is added with weight ``beta`` when ``beta > 0``. Metrics are detached.
+    batch, is added with weight ``beta`` when ``beta > 0``. With ``guard`` (GRPO-Guard)
+    the ratio is ``exp(guard_log_ratio)`` and the policy loss is divided by ``|dt|``
+    (the KL is not). Metrics are detached.
     """
     adv = advantages.to(log_prob.dtype)
-    log_ratio = log_prob - old_log_prob.detach()
+    if guard is None:
+        log_ratio = log_prob - old_log_prob.detach()
+    else:
+        if mean is None:
+            raise ValueError("GRPO-Guard needs the transition's mean")
+        log_ratio = guard_log_ratio(log_prob, old_log_prob, mean, guard)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
     policy_loss = torch.maximum(unclipped, clipped).mean()
+    if guard is not None:
+        policy_loss = policy_loss / guard.dt
 
     if beta > 0:
         if mean is None or ref_mean is None or std_dev_t is None:

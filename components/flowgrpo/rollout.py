@@ -23,6 +23,7 @@ class SamplerSettings:
     resolution: int
     sde_steps: tuple[int, ...]  # steps that inject noise; the others are Euler (ODE) steps
     train_steps: tuple[int, ...]  # consecutive subset of sde_steps whose transitions are stored for training
+    keep_means: bool = False  # also store each trained transition's SDE mean (GRPO-Guard's ratio needs it)
 
 
 def plan_steps(
@@ -50,6 +51,7 @@ class Rollout:
     # train_steps (T = 0) only the final, clean latent
     log_probs: torch.Tensor  # (B, T) float32
     images: np.ndarray  # (B, H, W, 3) uint8, what rewards score
+    means: torch.Tensor | None = None  # (B, T, *latent) float32: each stored transition's mean, with keep_means
     levels: list[tuple[float, float]] = field(init=False, repr=False)  # (sigma, sigma_next) per stored step
 
     def __post_init__(self) -> None:
@@ -115,32 +117,35 @@ def sample_rollout(
         raise ValueError(f"train_steps must be consecutive, got {train_steps}")
     last_stored = train_steps[-1] if train_steps else settings.num_steps - 1  # none: keep the final latent only
 
-    trajectories, log_probs, images = [], [], []
+    trajectories, log_probs, images, means = [], [], [], []
     for b, idx in enumerate(prompt_index.split(batch_size)):
         batch_generator = generator(b) if callable(generator) else generator
         cond = embeds.select(idx)
         x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
-        states, lps = [], []
+        states, lps, step_means = [], [], []
         for i in range(settings.num_steps):
             if check is not None:
                 check()
             s, s_next = levels[i], levels[i + 1]
             v = model.predict_velocity(x, s, cond, settings.guidance_scale)
             if i in sde_steps:
-                x_next, lp, _, _ = sde_step_with_logprob(
+                x_next, lp, mean, _ = sde_step_with_logprob(
                     v, s, s_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
                     generator=batch_generator,
                 )
             else:
-                x_next, lp = euler_step(v, s, s_next, x), None
+                x_next, lp, mean = euler_step(v, s, s_next, x), None, None
             if i in train_steps:
                 states.append(x)
                 lps.append(lp)
+                step_means.append(mean)
             x = x_next
             if i == last_stored:
                 states.append(x)
         trajectories.append(torch.stack(states, dim=1))
         log_probs.append(torch.stack(lps, dim=1) if lps else x.new_zeros((len(idx), 0)))
+        if settings.keep_means:
+            means.append(torch.stack(step_means, dim=1))
         images.append(to_pixels(model.decode(x)))
         if on_batch is not None:
             on_batch(images[-1], idx.cpu())
@@ -150,6 +155,7 @@ def sample_rollout(
         prompts=list(prompts), embeds=embeds, prompt_index=prompt_index,
         sigmas=sigmas[t_idx], sigmas_next=sigmas[t_idx + 1],
         trajectory=torch.cat(trajectories), log_probs=torch.cat(log_probs), images=np.concatenate(images),
+        means=torch.cat(means) if settings.keep_means else None,
     )
 
 

@@ -54,6 +54,7 @@ class Algorithm(ABC):
         return SamplerSettings(
             num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level, sde_type=s.sde_type,
             resolution=self.config.model.resolution, sde_steps=sde_steps, train_steps=train_steps,
+            keep_means=self.config.train.grpo_guard,
         )
 
     def training_guidance(self) -> float:
@@ -83,7 +84,7 @@ class FlowGRPO(Algorithm):
             batch_size=t.batch_size_per_worker, gradient_accumulation_steps=t.gradient_accumulation_steps,
             inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
             guidance_scale=self.training_guidance(), cfg_uncond_grad=t.cfg_uncond_grad,
-            skip_zero_advantage=t.skip_zero_advantage,
+            skip_zero_advantage=t.skip_zero_advantage, grpo_guard=t.grpo_guard,
         )
         return policy_update(self.model, optimizer, self.params, rollout, advantages, sampler, settings, generator,
                              ema, optimizer_step, average_grads=average_grads)

@@ -63,6 +63,9 @@ class TrainingJobConfig(Section):
         if t.algorithm == "diffusion_nft" and s.sde_window is not None:
             raise ValueError("sampling.sde_window is FlowGRPO's: train.algorithm diffusion_nft samples with the ODE "
                              "and trains on noise levels it draws itself; remove sampling.sde_window")
+        if t.grpo_guard and (t.algorithm != "flow_grpo" or s.sde_type != "sde"):
+            raise ValueError("train.grpo_guard normalises the ratio of FlowGRPO's SDE steps: it needs train.algorithm "
+                             f"flow_grpo and sampling.sde_type sde (got {t.algorithm}, {s.sde_type})")
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
         if not t.cfg_uncond_grad and not t.train_cfg:

@@ -59,11 +59,17 @@ def test_metrics_file_and_checkpoints_are_written(small_config, tmp_path):
     assert (result.lora_dir / ckpt.LORA_FILE).is_file()
 
 
-def test_first_update_sees_ratio_one(small_config, tmp_path):
-    # One optimizer step per epoch: every micro-batch of epoch 1 is scored with the sampling weights.
-    result = train(small_config("train.epochs=1", "train.gradient_accumulation_steps=2"), tmp_path, log=_quiet)
+@pytest.mark.parametrize("guard", [False, True])
+def test_first_update_sees_ratio_one(small_config, tmp_path, guard):
+    # One optimizer step per epoch: every micro-batch of epoch 1 is scored with the sampling weights. GRPO-Guard's
+    # ratio compares the rollout's stored means with the training forward's: equal, so exactly 1 too.
+    result = train(small_config("train.epochs=1", "train.gradient_accumulation_steps=2",
+                                f"train.grpo_guard={str(guard).lower()}"), tmp_path, log=_quiet)
     row = result.history[0]
     assert row["ratio_mean"] == 1.0 and row["approx_kl"] == 0.0 and row["clipfrac"] == 0.0
+    if guard:  # a second epoch moves the ratio off 1: the guard's ratio is live, not a constant
+        again = train(small_config("train.epochs=2", "train.grpo_guard=true"), tmp_path / "two", log=_quiet)
+        assert again.history[1]["ratio_mean"] != 1.0 and again.history[1]["approx_kl"] > 0
 
 
 def test_saved_lora_reloads_through_diffusers_and_reproduces_images(small_config, tmp_path):

@@ -70,3 +70,52 @@ def test_metrics_are_detached_and_finite():
     lp = torch.tensor([0.1, -0.1], requires_grad=True)
     _, m = flow_grpo_loss(lp, torch.zeros(2), torch.tensor([1.0, -1.0]), clip_range=0.2)
     assert all(not v.requires_grad and math.isfinite(v.item()) for v in m.values())
+
+
+def _guard_setup(seed: int = 0):
+    """One SDE step sampled with an old velocity, re-scored with a new one: (old, new) log-probs and means, the
+    drawn noise eps, the step's noise std s and |dt|."""
+    from components.flowgrpo.sde import sde_step_with_logprob
+
+    g = torch.Generator().manual_seed(seed)
+    x, v_old = torch.randn(3, 4, 6, 6, generator=g), torch.randn(3, 4, 6, 6, generator=g)
+    v_new = v_old + 0.05 * torch.randn(3, 4, 6, 6, generator=g)
+    sigma, sigma_next = 0.7, 0.55
+    x_next, lp_old, mean_old, std_dev_t = sde_step_with_logprob(v_old, sigma, sigma_next, x, noise_level=0.7,
+                                                                generator=g)
+    _, lp_new, mean_new, _ = sde_step_with_logprob(v_new, sigma, sigma_next, x, noise_level=0.7, prev_sample=x_next)
+    s = std_dev_t * math.sqrt(sigma - sigma_next)
+    eps = (x_next - mean_old) / s
+    return lp_old, lp_new, mean_old, mean_new, eps, s, sigma - sigma_next
+
+
+def test_grpo_guard_log_ratio_is_the_noise_projected_on_the_mean_shift():
+    """s (logp - logp_old) + mse / (2 s) = mean_CHW(eps * (mu - mu_old)): centred where the plain log-ratio is
+    shifted by -mse / (2 s^2); exactly 0 when the means agree."""
+    from components.flowgrpo.loss import GuardTerms, guard_log_ratio
+
+    lp_old, lp_new, mean_old, mean_new, eps, s, dt = _guard_setup()
+    guard = GuardTerms(old_mean=mean_old, noise_std=s, dt=dt)
+    got = guard_log_ratio(lp_new, lp_old, mean_new, guard)
+    expected = (eps * (mean_new - mean_old)).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    plain = lp_new - lp_old
+    mse = ((mean_new - mean_old) ** 2).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(plain, expected / s.flatten() - mse / (2 * s.flatten() ** 2), rtol=1e-3, atol=1e-5)
+    assert torch.equal(guard_log_ratio(lp_old, lp_old, mean_old, guard), torch.zeros(3))
+
+
+def test_grpo_guard_divides_the_policy_loss_by_dt_but_not_the_kl():
+    from components.flowgrpo.loss import GuardTerms, guard_log_ratio
+
+    lp_old, lp_new, mean_old, mean_new, _, s, dt = _guard_setup(1)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    guard = GuardTerms(old_mean=mean_old, noise_std=s, dt=dt)
+    ref = mean_old + 0.01
+    loss, metrics = flow_grpo_loss(lp_new, lp_old, adv, clip_range=1e-3, mean=mean_new, ref_mean=ref, std_dev_t=s,
+                                   beta=0.5, guard=guard)
+    ratio = torch.exp(guard_log_ratio(lp_new, lp_old, mean_new, guard))
+    policy = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - 1e-3, 1 + 1e-3)).mean() / dt
+    kl = (((mean_new - ref) ** 2).mean(dim=(1, 2, 3)) / (2 * s.flatten() ** 2)).mean()
+    assert loss.item() == pytest.approx(policy.item() + 0.5 * kl.item(), rel=1e-5)
+    assert metrics["ratio_mean"].item() == pytest.approx(ratio.mean().item(), rel=1e-6)
