@@ -148,8 +148,9 @@ def test_help_explains_the_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tiny_config_learns_for_every_seed(tmp_path, seed):
-    """The acceptance criterion: last-3-epoch mean > first mean + first per-sample std / 2."""
-    proc = flowgrpo("train", "--config", "tiny-cpu", "--output", str(tmp_path), f"seed={seed}")
+    """The acceptance criterion: last-3-epoch mean > first mean + first per-sample std / 2, in half the config's
+    40 epochs (seeds 0 and 1 pass it by epochs 6 and 10, 4.0 and 2.7 first-epoch stds up at 20)."""
+    proc = flowgrpo("train", "--config", "tiny-cpu", "--output", str(tmp_path), f"seed={seed}", "train.epochs=20")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]

@@ -38,7 +38,8 @@ RUN_OUTPUTS = {"runs", "checkpoints", "samples", "lora", "logs", "eval", "s3", "
 OUTPUT_FILES = {"config.yaml", "config.json", "eval.json", "run.json", "manifest.json", "_MANIFEST.json",
                 "model_index.json", "report.html", "rewards.yaml", "my.yaml", "shapes-sd3.json", "lora.png", "base.png",
                 "pytorch_lora_weights.safetensors"}
-# Upstream flow_grpo (GRPO-Guard's included), DiffusionNFT and Flow-Factory files, cited with the commit they were read at (docs/ALGORITHM.md).
+# Upstream flow_grpo (GRPO-Guard included), DiffusionNFT and Flow-Factory files, cited with the commit they were
+# read at (docs/ALGORITHM.md).
 UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_flux.py",
             "scripts/train_qwenimage_edit_plus.py", "train_sd3.py", "train_sd3_fast.py", "train_flux.py",
             "config/grpo.py", "flow_grpo/ema.py", "flow_grpo/stat_tracking.py", "src/flow_factory/trainers/grpo.py",
