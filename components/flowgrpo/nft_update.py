@@ -110,10 +110,8 @@ def nft_update(
                 for k, v in metrics.items():
                     means.add(k, v)
             if (i + 1) % settings.gradient_accumulation_steps == 0:
-                means.add("grad_norm", apply_gradients(optimizer, params, settings.max_grad_norm, average_grads))
-                optimizer_step += 1
-                if ema is not None:
-                    ema.step(params, optimizer_step)
+                optimizer_step = apply_gradients(optimizer, params, settings.max_grad_norm, average_grads, ema,
+                                                 optimizer_step, means)
     metrics = means.result()
     metrics["nft/old_decay"] = old.update(params, optimizer_step)
     metrics["trained_fraction"] = 1.0

@@ -108,10 +108,8 @@ def policy_update(
                     for key in (k, f"update/{k}/step{step}") if k in PER_STEP_METRICS else (k,):
                         means.add(key, v)
             if (i + 1) % settings.gradient_accumulation_steps == 0:
-                means.add("grad_norm", apply_gradients(optimizer, params, settings.max_grad_norm, average_grads))
-                optimizer_step += 1
-                if ema is not None:
-                    ema.step(params, optimizer_step)
+                optimizer_step = apply_gradients(optimizer, params, settings.max_grad_norm, average_grads, ema,
+                                                 optimizer_step, means)
     metrics = means.result()
     metrics["trained_fraction"] = trained / (len(rollout) * settings.inner_epochs)
     return metrics, optimizer_step
@@ -135,15 +133,19 @@ class MetricMeans:
 
 
 def apply_gradients(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float,
-                    average_grads: Callable[[list[torch.Tensor]], None] | None) -> torch.Tensor:
+                    average_grads: Callable[[list[torch.Tensor]], None] | None, ema: LoRAEMA | None,
+                    optimizer_step: int, means: MetricMeans) -> int:
     """One optimizer step on the accumulated gradients, averaged over the workers first (when ``average_grads``)
-    and clipped to ``max_grad_norm``; returns the gradient norm before clipping."""
+    and clipped to ``max_grad_norm``, then the EMA's; adds the norm before clipping to ``means`` as grad_norm.
+    Returns the optimizer step count."""
     if average_grads is not None:
         for p in params:  # every worker must reduce the same tensors
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         average_grads([p.grad for p in params])
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    means.add("grad_norm", torch.nn.utils.clip_grad_norm_(params, max_grad_norm).detach())
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm.detach()
+    if ema is not None:
+        ema.step(params, optimizer_step + 1)
+    return optimizer_step + 1
