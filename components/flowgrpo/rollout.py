@@ -138,7 +138,8 @@ def sample_rollout(
             if i in train_steps:
                 states.append(x)
                 lps.append(lp)
-                step_means.append(mean)
+                if settings.keep_means:  # else each step's mean is freed at once, as before GRPO-Guard
+                    step_means.append(mean)
             x = x_next
             if i == last_stored:
                 states.append(x)
