@@ -45,6 +45,12 @@ from components.models.base import FlowMatchingModel, PromptEmbeddings
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 RECIPE = CONFIG_DIR / "sd35-medium-ocr.yaml"
+# each algorithm's shipped SD3.5-Medium recipe and what selects it there (bench_algorithms.py's GPU leg)
+ALGORITHM_RECIPES: dict[str, tuple[Path, list[str]]] = {
+    "flow_grpo": (RECIPE, []),
+    "grpo_guard": (RECIPE, ["train.grpo_guard=true"]),
+    "diffusion_nft": (CONFIG_DIR / "sd35-medium-nft-ocr.yaml", []),
+}
 PROMPTS = ["a shop sign that reads OPEN", "a chalkboard menu that says SOUP OF THE DAY",
            "a street sign reading MAIN ST"]
 # the paper's code (upstream flow_grpo) on the same work on one H100, and the goal for this trainer
@@ -56,21 +62,23 @@ ATTENTION_MARKERS = ("scaled_dot_product", "flash", "cudnn", "efficient_attentio
 
 # -- the workload ----------------------------------------------------------------------------------
 
-def workload(cpu: bool, compile_: bool, uncond_grad: bool = True) -> ExperimentConfig:
-    """The recipe's per-worker work, 27 images an epoch on a GPU; on a CPU the tiny model at a reduced shape."""
-    overrides = [
+def workload(cpu: bool, compile_: bool, uncond_grad: bool = True, algorithm: str = "flow_grpo") -> ExperimentConfig:
+    """The algorithm's recipe's per-worker work, 27 images an epoch on a GPU; on a CPU the tiny model at a reduced
+    shape."""
+    recipe, overrides = ALGORITHM_RECIPES[algorithm]
+    overrides = [*overrides,
         "model.path=in-memory", f"model.device={'cpu' if cpu else 'cuda'}", "rewards=[{name: brightness}]",
         f"data.prompts=[{', '.join(PROMPTS)}]", "data.path=null", "tracking.sample_every=0",
         "tracking.system_metrics=false", "train.checkpoint_every=1000", f"train.compile={str(compile_).lower()}",
         "sampling.prompts_per_epoch=3", "sampling.group_size=9", "train.gradient_accumulation_steps=3",
         f"train.cfg_uncond_grad={str(uncond_grad).lower()}",
     ]
-    if cpu:  # CFG 4.5, train_cfg and beta stay the recipe's: the same forwards, fewer and smaller
+    if cpu:  # CFG, train_cfg and beta stay the recipe's: the same forwards, fewer and smaller
         overrides += ["model.kind=tiny-sd3", "model.path=null", "model.dtype=float32", "model.resolution=32",
                       "model.max_sequence_length=null",  # the tiny tokenizers hold 32 tokens
                       "sampling.num_steps=4", "sampling.batch_size_per_worker=4", "train.batch_size_per_worker=4",
                       "sampling.group_size=4", "sampling.prompts_per_epoch=2", "train.gradient_accumulation_steps=2"]
-    return load_config(RECIPE, overrides)
+    return load_config(recipe, overrides)
 
 
 def describe(config: ExperimentConfig, cpu: bool) -> str:
@@ -174,15 +182,16 @@ def attention_kernels(model: FlowMatchingModel, cond: PromptEmbeddings, config: 
     return sorted(name[:100] for name in names)  # CUDA kernel names are template instantiations, kilobytes long
 
 
-def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) -> dict[str, Any]:
-    """One setting in this (fresh) process: warm-up epoch, measured epochs, and, eager with the exact gradient, the
-    comparisons."""
+def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, algorithm: str = "flow_grpo",
+            compare: bool = True) -> dict[str, Any]:
+    """One setting in this (fresh) process: warm-up epoch, measured epochs, and, eager with the exact gradient and
+    ``compare``, the comparisons."""
     from torch._dynamo.utils import counters
 
     from components.models import loading as model_loading
     from components.trainer import loop
 
-    config = workload(cpu, compile_, uncond_grad)
+    config = workload(cpu, compile_, uncond_grad, algorithm)
     if cpu:
         # the tiny model's matmuls gain nothing from a second thread, and on a busy CI runner OpenMP's barrier
         # then waits a scheduler tick per op (measured here: 12 ms for a 32-wide linear with 2 threads, 0.1 ms
@@ -208,8 +217,10 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) ->
             "training_images_per_s": images * epochs / sum(r["time/training"] for r in rows),
             "sampling_s_per_batch": sampling_s / (epochs * len(epoch_batches(config))),
             "warmup_s": warmup_s, "unique_graphs_warmup": graphs_warmup, "unique_graphs_measured": graphs_measured,
+            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         }
-        if not compile_ and uncond_grad:  # eager: diffusers' call, the FLOP count and the profile see the plain model
+        # eager: diffusers' call, the FLOP count and the profile see the plain model
+        if not compile_ and uncond_grad and compare:
             cond = trainer.prompts(PROMPTS[:1])
             out["diffusers_s_per_batch"] = diffusers_seconds_per_batch(trainer, config)
             out["cfg_forward_flops"] = cfg_forward_flops(trainer.model, cond, config)
@@ -220,10 +231,11 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) ->
 
 # -- the parent -----------------------------------------------------------------------------------
 
-def _child(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) -> dict[str, Any] | None:
+def _child(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, algorithm: str = "flow_grpo",
+           compare: bool = True) -> dict[str, Any] | None:
     """``measure`` in a fresh process (no compiled graph or dynamo cache carries over); None if it failed."""
     args = [sys.executable, __file__, "--child", "cpu" if cpu else "cuda", "on" if compile_ else "off", str(epochs),
-            str(uncond_grad)]
+            str(uncond_grad), algorithm, str(compare)]
     # on a GPU an empty inductor (and Triton) cache: the warm-up pays the whole compile, as on a fresh worker, and
     # does not depend on what an earlier run left in /tmp. On a CPU the shared cache: the smoke run's compile time
     # is no figure to quote, and CI's tests have compiled the same tiny blocks already (saves ~45 s there)
@@ -231,7 +243,7 @@ def _child(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True) -> 
         env = {**os.environ, **({} if cpu else {"TORCHINDUCTOR_CACHE_DIR": cache})}
         proc = subprocess.run(args, capture_output=True, text=True, env=env)
     if proc.returncode:
-        print(f"compile {'on' if compile_ else 'off'}: the child failed (exit {proc.returncode}):\n"
+        print(f"{algorithm}, compile {'on' if compile_ else 'off'}: the child failed (exit {proc.returncode}):\n"
               f"{proc.stderr[-3000:]}")
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -312,12 +324,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile", default="off,on", help="compile settings to run, of off,on")
     parser.add_argument("--epochs", type=int, default=None, help="measured epochs (default 2 on a GPU, 3 on a CPU)")
-    parser.add_argument("--child", nargs=4, metavar=("DEVICE", "COMPILE", "EPOCHS", "UNCOND_GRAD"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=6, metavar=("DEVICE", "COMPILE", "EPOCHS", "UNCOND_GRAD", "ALGORITHM",
+                                                     "COMPARE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        device, setting, epochs, uncond_grad = args.child
-        print(json.dumps(measure(device == "cpu", setting == "on", int(epochs), uncond_grad == "True")))
+        device, setting, epochs, uncond_grad, algorithm, compare = args.child
+        print(json.dumps(measure(device == "cpu", setting == "on", int(epochs), uncond_grad == "True", algorithm,
+                                 compare == "True")))
         return 0
     cpu = not torch.cuda.is_available()
     epochs = args.epochs if args.epochs is not None else 3 if cpu else 2

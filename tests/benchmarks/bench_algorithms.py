@@ -1,0 +1,273 @@
+"""FlowGRPO, GRPO-Guard and DiffusionNFT side by side: what each learns on the shapes demo in the same wall-clock,
+and (``--throughput``) the images/s of each at the SD3.5-Medium shape on a GPU.
+
+    python tests/benchmarks/bench_algorithms.py [--minutes 12] [--seeds 0 1 2] [--plot docs/algorithms.png]
+    python tests/benchmarks/bench_algorithms.py --throughput [--epochs 2]
+
+Learning: each algorithm trains the shipped demo (`flowgrpo run --local`, shapes-cpu) with its settings below, the
+same seeds and prompts, for the epochs that take ``--minutes`` of training on this machine (each algorithm's epoch
+time is measured first, 3 epochs in this process). Equal wall-clock, not equal epochs: an algorithm whose epoch is
+cheaper gets more of them. Printed: per algorithm, epochs, images sampled, training minutes; the sample grid's
+held-out partial score (16 held-out prompts, fixed noise) at epoch 0 and at the end, mean over seeds with a 95%
+t-interval; the evaluation's held-out partial and strict deltas (64 prompts x 2 images, paired bootstrap CI per run,
+t-interval over seeds); and the wall-clock each algorithm takes to reach FlowGRPO's final held-out gain. The plot
+draws the held-out gain against training minutes and against images sampled (mean over seeds, 95% band).
+
+Throughput: bench_gpu_throughput's per-worker epoch of each algorithm's SD3.5-Medium recipe (random real-shape
+weights; compile off), one warm-up and ``--epochs`` measured epochs in a fresh process each: images/s of the epoch,
+of sampling and of training, and the peak memory. Without a GPU the tiny model stands in (a smoke run, no figures).
+
+`--smoke` (a few epochs, 10 eval prompts, one seed) checks the script runs; its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_demo_learning, bench_gpu_throughput
+
+from bench_demo_learning import SMOKE, run_seed  # noqa: E402  (its import sets HF_HUB_OFFLINE)
+
+# What selects each algorithm on the demo. DiffusionNFT trains on 2 of the 10 rollout noise levels per image, as
+# many as FlowGRPO's SDE window trains on, so an epoch of either costs about the same; its other settings are
+# NVlabs' defaults (docs/ALGORITHM.md section 9).
+ALGORITHMS: dict[str, list[str]] = {
+    "flow_grpo": [],
+    "grpo_guard": ["train.grpo_guard=true"],
+    "diffusion_nft": ["train.algorithm=diffusion_nft", "train.timestep_fraction=0.2"],
+}
+REWARD = "geneval"  # the demo's training reward and the sample grid's held-out curve (partial score)
+STRICT = "geneval_strict"
+CALIBRATION_EPOCHS = 3
+CURVE_POINTS = 8  # sample-grid evaluations per run besides epoch 0
+
+
+# -- statistics -------------------------------------------------------------------------------------
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t-interval over independent runs (NaN bounds for a single run)."""
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def _fmt(mean: float, low: float, high: float, digits: int = 3) -> str:
+    interval = "" if math.isnan(low) else f" [{low:+.{digits}f}, {high:+.{digits}f}]"
+    return f"{mean:+.{digits}f}{interval}"
+
+
+# -- the runs ---------------------------------------------------------------------------------------
+
+def epoch_seconds(algorithm: str, overrides: list[str]) -> float:
+    """Mean training seconds of an epoch of the demo with this algorithm, after a first (warm-up) epoch."""
+    from components.trainer import loop
+    from pipeline.config import DEFAULT_CONFIG, load_config
+
+    config = load_config(DEFAULT_CONFIG, [*ALGORITHMS[algorithm], *overrides, "tracking.sample_every=0",
+                                          "tracking.system_metrics=false", "train.checkpoint_every=1000"])
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = loop.Trainer(config, Path(tmp) / "run", log=lambda _m: None)
+        trainer.run_epoch()
+        start = time.perf_counter()
+        for _ in range(CALIBRATION_EPOCHS - 1):
+            trainer.run_epoch()
+    return (time.perf_counter() - start) / (CALIBRATION_EPOCHS - 1)
+
+
+def curve(history: list[dict], images_per_epoch: int) -> dict[str, np.ndarray]:
+    """The held-out gain at each epoch that sampled the grid, with the training minutes and images to it."""
+    base = history[0][f"heldout/{REWARD}/base"]
+    minutes, images, gains = [0.0], [0.0], [0.0]
+    elapsed = 0.0
+    for row in history:
+        elapsed += row["time/sampling"] + row["time/scoring"] + row["time/training"]
+        value = row.get(f"heldout/{REWARD}/mean")
+        if value is not None:
+            minutes.append(elapsed / 60)
+            images.append(row["epoch"] * images_per_epoch)
+            gains.append(value - base)
+    return {"minutes": np.array(minutes), "images": np.array(images), "gain": np.array(gains)}
+
+
+def band(curves: list[dict[str, np.ndarray]], axis: str, grid: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Mean held-out gain over runs at ``grid`` on ``axis`` (each run interpolated) and its 95% t-band."""
+    at = np.array([np.interp(grid, c[axis], c["gain"]) for c in curves])
+    rows = [t_interval(list(at[:, i])) for i in range(len(grid))]
+    return tuple(np.array(v) for v in zip(*rows, strict=True))
+
+
+def reach_minutes(curves: list[dict[str, np.ndarray]], target: float) -> float:
+    """Training minutes after which the seeds' mean held-out gain first reaches ``target`` (NaN if never)."""
+    end = min(c["minutes"][-1] for c in curves)
+    grid = np.linspace(0, end, 200)
+    mean = band(curves, "minutes", grid)[0]
+    hit = np.nonzero(mean >= target)[0]
+    return float(grid[hit[0]]) if len(hit) else math.nan
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+def report(results: dict[str, list[dict]], epochs: dict[str, int], images_per_epoch: int) -> None:
+    curves = {a: [curve(r["history"], images_per_epoch) for r in runs] for a, runs in results.items()}
+    reference = next(iter(results))
+    target = t_interval([c["gain"][-1] for c in curves[reference]])[0]
+    reference_minutes = statistics.fmean(c["minutes"][-1] for c in curves[reference])
+    print(f"\n| algorithm | epochs | images | training min | grid held-out {REWARD}: epoch 0 -> end | gain [95% CI] "
+          f"| eval {REWARD} delta [95% CI] | eval {STRICT} delta [95% CI] | per-run eval CI above 0 "
+          f"| min to {reference}'s final gain |")
+    print("|---" * 10 + "|")
+    for algorithm, runs in results.items():
+        c = curves[algorithm]
+        base = statistics.fmean(r["history"][0][f"heldout/{REWARD}/base"] for r in runs)
+        end = statistics.fmean(r["history"][0][f"heldout/{REWARD}/base"] + cc["gain"][-1]
+                               for r, cc in zip(runs, c, strict=True))
+        gain = t_interval([cc["gain"][-1] for cc in c])
+        partial = t_interval([r["eval"]["rewards"][REWARD]["delta"] for r in runs])
+        strict = t_interval([r["eval"]["rewards"][STRICT]["delta"] for r in runs])
+        above = sum(r["eval"]["rewards"][k]["ci_low"] > 0 for r in runs for k in (REWARD, STRICT))
+        reach = reach_minutes(c, target)
+        reach_cell = "not reached" if math.isnan(reach) else f"{reach:.1f} ({reach / reference_minutes:.2f}x)"
+        minutes = statistics.fmean(cc["minutes"][-1] for cc in c)
+        print(f"| {algorithm} | {epochs[algorithm]} | {epochs[algorithm] * images_per_epoch} | {minutes:.1f} "
+              f"| {base:.3f} -> {end:.3f} | {_fmt(*gain)} | {_fmt(*partial)} | {_fmt(*strict)} "
+              f"| {above} of {2 * len(runs)} | {reach_cell} |")
+    print(f"\nseeds {[r['seed'] for r in results[reference]]}; {reference}'s final grid gain {target:+.3f} after "
+          f"{reference_minutes:.1f} min; eval CIs: paired bootstrap per run, t-interval of the deltas over seeds")
+    for algorithm, runs in results.items():
+        per_run = "; ".join(f"seed {r['seed']}: {REWARD} {r['eval']['rewards'][REWARD]['delta']:+.3f} "
+                            f"[{r['eval']['rewards'][REWARD]['ci_low']:+.3f}, "
+                            f"{r['eval']['rewards'][REWARD]['ci_high']:+.3f}], {STRICT} "
+                            f"{r['eval']['rewards'][STRICT]['delta']:+.3f}" for r in runs)
+        print(f"{algorithm}: {per_run}")
+
+
+def plot(results: dict[str, list[dict]], images_per_epoch: int, path: Path) -> None:
+    """Held-out gain against training minutes and against images sampled, one line and band per algorithm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for algorithm, runs in results.items():
+        curves = [curve(r["history"], images_per_epoch) for r in runs]
+        for ax, axis, label in ((axes[0], "minutes", "training minutes (2 CPU cores)"),
+                                (axes[1], "images", "images sampled")):
+            grid = np.linspace(0, min(c[axis][-1] for c in curves), 60)
+            mean, low, high = band(curves, axis, grid)
+            (line,) = ax.plot(grid, mean, label=algorithm)
+            if len(runs) > 1:
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2)
+            ax.set_xlabel(label)
+    axes[0].set_ylabel(f"held-out {REWARD} (partial) gain over the base")
+    for ax in axes:
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    seeds = len(next(iter(results.values())))
+    fig.suptitle(f"shapes demo: sample-grid held-out gain, mean of {seeds} seed(s), 95% band")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+# -- the legs ---------------------------------------------------------------------------------------
+
+def learning(args: argparse.Namespace) -> None:
+    from pipeline.config import DEFAULT_CONFIG, load_config
+
+    shared = [*SMOKE, *args.overrides] if args.smoke else args.overrides
+    config = load_config(DEFAULT_CONFIG, shared)
+    images_per_epoch = config.sampling.prompts_per_epoch * config.sampling.group_size
+    epochs: dict[str, int] = {}
+    for algorithm in args.algorithms:
+        if args.smoke:
+            epochs[algorithm] = 2
+            continue
+        seconds = epoch_seconds(algorithm, shared)
+        epochs[algorithm] = max(1, round(args.minutes * 60 / seconds))
+        print(f"{algorithm}: {seconds:.2f} s an epoch -> {epochs[algorithm]} epochs in {args.minutes:g} min",
+              flush=True)
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-algorithms-"))
+    results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
+    for seed in args.seeds:
+        for algorithm in args.algorithms:
+            every = max(1, epochs[algorithm] // CURVE_POINTS)
+            overrides = [*ALGORITHMS[algorithm], *shared, f"train.epochs={epochs[algorithm]}",
+                         f"tracking.sample_every={every}"]
+            print(f"seed {seed}, {algorithm}: flowgrpo run --local seed={seed} {' '.join(overrides)}", flush=True)
+            results[algorithm].append(run_seed(seed, root / f"{algorithm}-seed-{seed}", overrides))
+            print(f"seed {seed}, {algorithm}: {results[algorithm][-1]['wall'] / 60:.1f} min", flush=True)
+    report(results, epochs, images_per_epoch)
+    if args.plot:
+        plot(results, images_per_epoch, args.plot)
+
+
+def throughput(args: argparse.Namespace) -> None:
+    import torch
+    from bench_gpu_throughput import _child, describe, workload
+
+    cpu = not torch.cuda.is_available()
+    epochs = args.epochs if args.epochs is not None else 3 if cpu else 2
+    print(f"{'CPU (no CUDA visible)' if cpu else 'CUDA'}, compile off, 1 warm-up + {epochs} measured epoch(s) each")
+    rows = {}
+    for algorithm in args.algorithms:
+        print(f"{algorithm}: {describe(workload(cpu, False, algorithm=algorithm), cpu)}", flush=True)
+        rows[algorithm] = _child(cpu, False, epochs, algorithm=algorithm, compare=False)
+        print(f"{algorithm}: {rows[algorithm]}", flush=True)  # each as it ends: a run cut short keeps them
+    reference = rows.get(args.algorithms[0])
+    devices = sorted({r["device"] for r in rows.values() if r})
+    print(f"\nmeasured on: {', '.join(devices) or '-'}")
+    print(f"| algorithm | epoch images/s | x {args.algorithms[0]} | sampling images/s | training images/s "
+          "| peak GiB | warm-up s |")
+    print("|---" * 7 + "|")
+    for algorithm, r in rows.items():
+        if r is None:
+            print(f"| {algorithm} | failed |" + " |" * 5)
+            continue
+        ratio = r["epoch_images_per_s"] / reference["epoch_images_per_s"] if reference else math.nan
+        peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
+        print(f"| {algorithm} | {r['epoch_images_per_s']:.3g} | {ratio:.2f} | {r['sampling_images_per_s']:.3g} "
+              f"| {r['training_images_per_s']:.3g} | {peak} | {r['warmup_s']:.0f} |")
+    if None in rows.values():
+        sys.exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS),
+                        help="the first is the reference")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--minutes", type=float, default=12.0, help="training wall-clock per run")
+    parser.add_argument("--workdir", type=Path, help="keep each run's work directory under this folder")
+    parser.add_argument("--plot", type=Path, help="write the held-out curves here (PNG)")
+    parser.add_argument("--smoke", action="store_true", help="2 epochs each, 10 eval prompts: checks the script")
+    parser.add_argument("--throughput", action="store_true", help="images/s per algorithm (SD3.5-M shape on a GPU)")
+    parser.add_argument("--epochs", type=int, help="--throughput: measured epochs (default 2 on a GPU, 3 on a CPU)")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="for every run of the learning leg")
+    args = parser.parse_args()
+    if args.minutes <= 0:
+        parser.error("--minutes: above 0")
+    if args.throughput:
+        throughput(args)
+    else:
+        learning(args)
+
+
+if __name__ == "__main__":
+    main()
