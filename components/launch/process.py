@@ -133,6 +133,20 @@ def is_running(pid: int, marker: str) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     try:
-        return marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc (macOS): the pid is all there is to check
+    if not cmdline:
+        # a process that is exiting has released its memory (and with it its command line) before it closes its
+        # files and sockets: it runs until the kernel makes it a zombie
+        return _state(pid) not in {"Z", "X", None}
+    return marker in cmdline.decode(errors="replace").split("\0")
+
+
+def _state(pid: int) -> str | None:
+    """The scheduler state letter of ``pid`` (R, S, D, Z, ...) from /proc; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]  # after "pid (comm) ": the command name may hold spaces and parentheses

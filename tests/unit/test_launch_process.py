@@ -2,11 +2,13 @@
 its process group outlives the context."""
 
 import os
+import subprocess
 import sys
+import time
 
 import pytest
 
-from components.launch.process import ServiceError, running_process
+from components.launch.process import ServiceError, _state, is_running, running_process
 
 
 def test_exit_before_ready_reports_code_and_log(tmp_path):
@@ -36,3 +38,26 @@ def test_ready_service_is_yielded_then_stopped(tmp_path):
                          ready=lambda: True, timeout_s=5) as proc:
         assert proc.poll() is None
     assert proc.poll() is not None
+
+
+def test_state_reads_the_kernel_state_through_a_name_with_parentheses_until_the_process_is_reaped(tmp_path):
+    # a zombie has no command line left, and neither has a process that is still exiting (sockets open): is_running
+    # tells them apart by this state
+    ready = tmp_path / "ready"
+    code = ("import pathlib, sys, time; pathlib.Path('/proc/self/comm').write_text('a) S (b'); "
+            "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(ready)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert is_running(child.pid, str(ready)) and not is_running(child.pid, "another command")
+        assert _state(child.pid) in {"S", "R"}
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 30
+    while _state(child.pid) != "Z" and time.monotonic() < deadline:  # killed, not yet reaped
+        time.sleep(0.05)
+    assert _state(child.pid) == "Z" and not is_running(child.pid, str(ready))
+    child.wait()
+    assert _state(child.pid) is None
