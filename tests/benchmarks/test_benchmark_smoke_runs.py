@@ -1,0 +1,62 @@
+"""Each benchmark's smoke run (one repeat, few epochs; the CPU stand-in where the real one needs a GPU) exits 0
+and prints every figure it exists for, so no benchmark can rot. Timings are printed, never asserted: the figures
+come from the full runs (their docstrings, docs/PERFORMANCE.md, docs/MEMORY.md)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+NUM = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+
+# benchmark -> (smoke-run arguments, what its output must hold)
+SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
+    "bench_sampler.py": (["--repeats", "1", "--epochs", "1"], [
+        *(rf"(?m)^\s+{family}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}$"
+          for family in ("tiny-sd3", "tiny-flux", "tiny-qwenimage")),
+        rf"epoch \(.*\): sampling {NUM}%, scoring {NUM}%, training {NUM}%",
+    ]),
+    "bench_rewards.py": (["--repeats", "1"], [
+        rf"jpeg_compressibility, batch 32 x 512 px: throughput via server / in-process = {NUM}",
+        rf"ocr, batch 32 x 512 px: throughput via server / in-process = {NUM}",
+        rf"batching: 32 concurrent single-image requests / one 32-image request = {NUM}x",
+        rf"overlap, 8 batches of 8: .* = {NUM}x sampling alone",
+    ]),
+    "bench_tracking.py": (["--repeats", "1"], [rf"on/off epoch time = {NUM}"]),
+    "bench_ray.py": (["--epochs", "3"], [
+        rf"steady-state epoch: single process {NUM} s, 1 Ray worker {NUM} s, 2 Ray workers {NUM} s",
+        rf"Ray overhead: 1 worker / single process = {NUM}", rf"2 workers / 1 worker epoch time = {NUM}",
+    ]),
+    "bench_gpu_throughput.py": (["--epochs", "1"], [
+        rf"(?m)^epoch images/s\s+{NUM}\s+{NUM}$", rf"(?m)^sampling / diffusers \(target <= 1\.1\)\s+{NUM}\s+{NUM}$",
+        r"(?m)^unique graphs after warm-up / measured\s+0 / 0\s+(\d+) / \1$",  # compiled once, nothing recompiled
+        rf"train\.cfg_uncond_grad false / true \(compile off\): training images/s x{NUM}",
+    ]),
+    "bench_memory.py": (["--depth", "2", "--cpu-families", ""], [
+        *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "flux1-dev-pickscore", "qwenimage-ocr")),
+        rf"(?m)^\* ckpt (?:on|off)\s+offload (?:on|off)\s+(?:none|fsdp)\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+fits",
+    ]),
+    "bench_algorithms.py": (["--throughput", "--epochs", "1"], [
+        rf"(?m)^\| {algorithm} \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|"
+        for algorithm in ("flow_grpo", "grpo_guard", "diffusion_nft")
+    ]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", list(SMOKE_RUNS))
+def test_the_benchmark_smoke_run_prints_its_figures(script: str) -> None:
+    args, expected = SMOKE_RUNS[script]
+    proc = subprocess.run([sys.executable, str(HERE / script), *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=1200)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{out[-4000:]}"
+    missing = [pattern for pattern in expected if not re.search(pattern, proc.stdout)]
+    assert not missing, f"{script} did not print {missing}:\n{proc.stdout[-4000:]}"
