@@ -1,3 +1,4 @@
+import collections
 import os
 
 import pytest
@@ -52,6 +53,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist keeps one test per node id: tests sharing one would silently not run (schemathesis' parametrize did)
+    counts = collections.Counter(item.nodeid for item in items)
+    if shared := sorted(nodeid for nodeid, n in counts.items() if n > 1):
+        raise pytest.UsageError(f"tests share a node id, so pytest-xdist would run one of each: {shared}")
     rank = {scope: i for i, scope in enumerate(SLOWEST_FIRST)}
 
     def order(item: pytest.Item) -> int:
