@@ -62,7 +62,8 @@ class TrainingJobConfig(Section):
             raise ValueError("; ".join(problems))
         if t.algorithm == "diffusion_nft" and s.sde_window is not None:
             raise ValueError("sampling.sde_window is FlowGRPO's: train.algorithm diffusion_nft samples with the ODE "
-                             "and trains on noise levels it draws itself; remove sampling.sde_window")
+                             "and trains on noise levels it draws itself; remove sampling.sde_window "
+                             "(an override: sampling.sde_window=null)")
         if t.grpo_guard and (t.algorithm != "flow_grpo" or s.sde_type != "sde"):
             raise ValueError("train.grpo_guard normalises the ratio of FlowGRPO's SDE steps: it needs train.algorithm "
                              f"flow_grpo and sampling.sde_type sde (got {t.algorithm}, {s.sde_type})")

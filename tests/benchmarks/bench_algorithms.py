@@ -44,7 +44,7 @@ from bench_demo_learning import SMOKE, run_seed  # noqa: E402  (its import sets 
 ALGORITHMS: dict[str, list[str]] = {
     "flow_grpo": [],
     "grpo_guard": ["train.grpo_guard=true"],
-    "diffusion_nft": ["train.algorithm=diffusion_nft", "train.timestep_fraction=0.2"],
+    "diffusion_nft": ["train.algorithm=diffusion_nft", "sampling.sde_window=null", "train.timestep_fraction=0.2"],
 }
 REWARD = "geneval"  # the demo's training reward and the sample grid's held-out curve (partial score)
 STRICT = "geneval_strict"
