@@ -6,12 +6,13 @@ and (``--throughput``) the images/s of each at the SD3.5-Medium shape on a GPU.
 
 Learning: each algorithm trains the shipped demo (`flowgrpo run --local`, shapes-cpu) with its settings below, the
 same seeds and prompts, for the epochs that take ``--minutes`` of training on this machine (each algorithm's epoch
-time is measured first, 3 epochs in this process). Equal wall-clock, not equal epochs: an algorithm whose epoch is
-cheaper gets more of them. Printed: per algorithm, epochs, images sampled, training minutes; the sample grid's
-held-out partial score (16 held-out prompts, fixed noise) at epoch 0 and at the end, mean over seeds with a 95%
-t-interval; the evaluation's held-out partial and strict deltas (64 prompts x 2 images, paired bootstrap CI per run,
-t-interval over seeds); and the wall-clock each algorithm takes to reach FlowGRPO's final held-out gain. The plot
-draws the held-out gain against training minutes and against images sampled (mean over seeds, 95% band).
+time is measured first: the median of 3 epochs after a warm-up one, in this process). Equal wall-clock, not equal
+epochs: an algorithm whose epoch is cheaper gets more of them. Printed: per algorithm, epochs, images sampled,
+training minutes; the sample grid's held-out partial score (16 held-out prompts, fixed noise) at epoch 0 and at the
+end, mean over seeds with a 95% t-interval; the evaluation's held-out partial and strict deltas (64 prompts x 2
+images, paired bootstrap CI per run, t-interval over seeds); and the wall-clock each algorithm takes to reach
+FlowGRPO's final held-out gain. The plot draws the held-out gain against training minutes and against images
+sampled (mean over seeds, 95% band).
 
 Throughput: bench_gpu_throughput's per-worker epoch of each algorithm's SD3.5-Medium recipe (random real-shape
 weights; compile off), one warm-up and ``--epochs`` measured epochs in a fresh process each: images/s of the epoch,
@@ -48,7 +49,7 @@ ALGORITHMS: dict[str, list[str]] = {
 }
 REWARD = "geneval"  # the demo's training reward and the sample grid's held-out curve (partial score)
 STRICT = "geneval_strict"
-CALIBRATION_EPOCHS = 3
+CALIBRATION_EPOCHS = 4
 CURVE_POINTS = 8  # sample-grid evaluations per run besides epoch 0
 
 
@@ -73,7 +74,7 @@ def _fmt(mean: float, low: float, high: float, digits: int = 3) -> str:
 # -- the runs ---------------------------------------------------------------------------------------
 
 def epoch_seconds(algorithm: str, overrides: list[str]) -> float:
-    """Mean training seconds of an epoch of the demo with this algorithm, after a first (warm-up) epoch."""
+    """Median training seconds of an epoch of the demo with this algorithm, after a first (warm-up) epoch."""
     from components.trainer import loop
     from pipeline.config import DEFAULT_CONFIG, load_config
 
@@ -82,10 +83,12 @@ def epoch_seconds(algorithm: str, overrides: list[str]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = loop.Trainer(config, Path(tmp) / "run", log=lambda _m: None)
         trainer.run_epoch()
-        start = time.perf_counter()
+        seconds = []
         for _ in range(CALIBRATION_EPOCHS - 1):
+            start = time.perf_counter()
             trainer.run_epoch()
-    return (time.perf_counter() - start) / (CALIBRATION_EPOCHS - 1)
+            seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)  # a burst of other work on the machine moves the mean, not the median
 
 
 def curve(history: list[dict], images_per_epoch: int) -> dict[str, np.ndarray]:
