@@ -18,7 +18,8 @@ Throughput: bench_gpu_throughput's per-worker epoch of each algorithm's SD3.5-Me
 weights; compile off), one warm-up and ``--epochs`` measured epochs in a fresh process each: images/s of the epoch,
 of sampling and of training, and the peak memory. Without a GPU the tiny model stands in (a smoke run, no figures).
 
-`--smoke` (a few epochs, 10 eval prompts, one seed) checks the script runs; its figures mean nothing.
+`--smoke` (a few epochs, 10 eval prompts, one seed) checks the script runs; its figures mean nothing. `--report
+--workdir DIR` prints the table (and `--plot`) of the seeds whose runs all finished there, e.g. after a stop.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_demo_learning, bench_gpu_throughput
 
-from bench_demo_learning import SMOKE, run_seed  # noqa: E402  (its import sets HF_HUB_OFFLINE)
+from bench_demo_learning import SMOKE, read_run, run_seed  # noqa: E402  (its import sets HF_HUB_OFFLINE)
 
 # What selects each algorithm on the demo. DiffusionNFT trains on 2 of the 10 rollout noise levels per image, as
 # many as FlowGRPO's SDE window trains on, so an epoch of either costs about the same; its other settings are
@@ -221,6 +222,24 @@ def learning(args: argparse.Namespace) -> None:
         plot(results, images_per_epoch, args.plot)
 
 
+def report_finished(args: argparse.Namespace) -> None:
+    """The table and plot of the runs already finished under ``--workdir`` (a benchmark stopped early)."""
+    from pipeline.config import DEFAULT_CONFIG, load_config
+
+    config = load_config(DEFAULT_CONFIG, args.overrides)
+    images_per_epoch = config.sampling.prompts_per_epoch * config.sampling.group_size
+    results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
+    for seed in args.seeds:
+        if all(any((args.workdir / f"{a}-seed-{seed}").glob("runs/*/eval/eval.json")) for a in args.algorithms):
+            for algorithm in args.algorithms:
+                results[algorithm].append(read_run(seed, args.workdir / f"{algorithm}-seed-{seed}"))
+    if not results[args.algorithms[0]]:
+        sys.exit(f"no seed has a finished run of every algorithm under {args.workdir}")
+    report(results, {a: len(runs[0]["history"]) for a, runs in results.items()}, images_per_epoch)
+    if args.plot:
+        plot(results, images_per_epoch, args.plot)
+
+
 def throughput(args: argparse.Namespace) -> None:
     import torch
     from bench_gpu_throughput import _child, describe, workload
@@ -261,13 +280,19 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="write the held-out curves here (PNG)")
     parser.add_argument("--smoke", action="store_true", help="2 epochs each, 10 eval prompts: checks the script")
     parser.add_argument("--throughput", action="store_true", help="images/s per algorithm (SD3.5-M shape on a GPU)")
+    parser.add_argument("--report", action="store_true",
+                        help="only the table (and --plot) of the seeds whose runs all finished under --workdir")
     parser.add_argument("--epochs", type=int, help="--throughput: measured epochs (default 2 on a GPU, 3 on a CPU)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="for every run of the learning leg")
     args = parser.parse_args()
     if args.minutes <= 0:
         parser.error("--minutes: above 0")
+    if args.report and args.workdir is None:
+        parser.error("--report reads --workdir")
     if args.throughput:
         throughput(args)
+    elif args.report:
+        report_finished(args)
     else:
         learning(args)
 

@@ -38,6 +38,11 @@ def run_seed(seed: int, workdir: Path, overrides: list[str]) -> dict:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"seed {seed}: run --local failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return read_run(seed, workdir, wall)
+
+
+def read_run(seed: int, workdir: Path, wall: float = float("nan")) -> dict:
+    """A finished `run --local`'s eval.json and metrics rows from its work directory."""
     (eval_json,) = workdir.glob("runs/*/eval/eval.json")
     rows = [json.loads(line) for line in (eval_json.parent.parent / "metrics.jsonl").read_text().splitlines()]
     return {"seed": seed, "wall": wall, "eval": json.loads(eval_json.read_text()), "history": rows}
