@@ -35,9 +35,7 @@ SLOWEST_FIRST = [
 
 def xdist_scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    if nodeid in SHARED_SCOPES or path in SHARED_SCOPES:
-        return SHARED_SCOPES.get(nodeid) or SHARED_SCOPES[path]
-    return nodeid if path in PER_TEST_FILES else path
+    return SHARED_SCOPES.get(nodeid) or SHARED_SCOPES.get(path) or (nodeid if path in PER_TEST_FILES else path)
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest without xdist has no such hook
