@@ -16,16 +16,21 @@ sampled (mean over seeds, 95% band).
 
 Throughput: bench_gpu_throughput's per-worker epoch of each algorithm's SD3.5-Medium recipe (random real-shape
 weights; compile off), one warm-up and ``--epochs`` measured epochs in a fresh process each: images/s of the epoch,
-of sampling and of training, and the peak memory. Without a GPU the tiny model stands in (a smoke run, no figures).
+of sampling and of training, the peak memory, and where a sampling batch's time goes. Without a GPU the tiny model
+stands in (a smoke run, no figures).
 
 `--smoke` (a few epochs, 10 eval prompts, one seed) checks the script runs; its figures mean nothing. `--report
---workdir DIR` prints the table (and `--plot`) of the seeds whose runs all finished there, e.g. after a stop.
+--workdir DIR` prints the table (and `--plot`) of the seeds whose runs all finished there, e.g. after a stop. Run
+again with the same `--workdir`, the benchmark continues: the epochs measured the first time (DIR/epochs.json), the
+finished runs read back, a run cut short started over, so seeds can be added later.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -52,6 +57,7 @@ REWARD = "geneval"  # the demo's training reward and the sample grid's held-out 
 STRICT = "geneval_strict"
 CALIBRATION_EPOCHS = 4
 CURVE_POINTS = 8  # sample-grid evaluations per run besides epoch 0
+PLAN_FILE = "epochs.json"  # in --workdir: the epochs each algorithm gets
 
 
 # -- statistics -------------------------------------------------------------------------------------
@@ -198,28 +204,51 @@ def learning(args: argparse.Namespace) -> None:
     shared = [*SMOKE, *args.overrides] if args.smoke else args.overrides
     config = load_config(DEFAULT_CONFIG, shared)
     images_per_epoch = config.sampling.prompts_per_epoch * config.sampling.group_size
-    epochs: dict[str, int] = {}
-    for algorithm in args.algorithms:
-        if args.smoke:
-            epochs[algorithm] = 2
-            continue
-        seconds = epoch_seconds(algorithm, shared)
-        epochs[algorithm] = max(1, round(args.minutes * 60 / seconds))
-        print(f"{algorithm}: {seconds:.2f} s an epoch -> {epochs[algorithm]} epochs in {args.minutes:g} min",
-              flush=True)
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-algorithms-"))
+    epochs = plan_epochs(args, shared, root)
     results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
     for seed in args.seeds:
         for algorithm in args.algorithms:
+            workdir = root / f"{algorithm}-seed-{seed}"
+            if any(workdir.glob("runs/*/eval/eval.json")):  # finished in an earlier invocation
+                print(f"seed {seed}, {algorithm}: finished before, read from {workdir}", flush=True)
+                results[algorithm].append(read_run(seed, workdir))
+                continue
+            if workdir.exists():  # a run cut short: its pipeline starts over
+                shutil.rmtree(workdir)
             every = max(1, epochs[algorithm] // CURVE_POINTS)
             overrides = [*ALGORITHMS[algorithm], *shared, f"train.epochs={epochs[algorithm]}",
                          f"tracking.sample_every={every}"]
             print(f"seed {seed}, {algorithm}: flowgrpo run --local seed={seed} {' '.join(overrides)}", flush=True)
-            results[algorithm].append(run_seed(seed, root / f"{algorithm}-seed-{seed}", overrides))
+            results[algorithm].append(run_seed(seed, workdir, overrides))
             print(f"seed {seed}, {algorithm}: {results[algorithm][-1]['wall'] / 60:.1f} min", flush=True)
     report(results, epochs, images_per_epoch)
     if args.plot:
         plot(results, images_per_epoch, args.plot)
+
+
+def plan_epochs(args: argparse.Namespace, shared: list[str], root: Path) -> dict[str, int]:
+    """Each algorithm's epochs in ``--minutes`` of training, measured here, or read from ``root/epochs.json`` where
+    an earlier invocation measured them: seeds added to a benchmark later get the same budgets."""
+    plan_file = root / PLAN_FILE
+    if args.smoke:
+        return dict.fromkeys(args.algorithms, 2)
+    if plan_file.exists():
+        plan = json.loads(plan_file.read_text())
+        if plan["minutes"] != args.minutes or set(args.algorithms) - set(plan["epochs"]):
+            sys.exit(f"{plan_file} holds the epochs of {plan['minutes']:g} min for {sorted(plan['epochs'])}: "
+                     f"use another --workdir for --minutes {args.minutes:g} and {args.algorithms}")
+        print(f"epochs from {plan_file}: {plan['epochs']}", flush=True)
+        return {a: plan["epochs"][a] for a in args.algorithms}
+    epochs = {}
+    for algorithm in args.algorithms:
+        seconds = epoch_seconds(algorithm, shared)
+        epochs[algorithm] = max(1, round(args.minutes * 60 / seconds))
+        print(f"{algorithm}: {seconds:.2f} s an epoch -> {epochs[algorithm]} epochs in {args.minutes:g} min",
+              flush=True)
+    root.mkdir(parents=True, exist_ok=True)
+    plan_file.write_text(json.dumps({"minutes": args.minutes, "epochs": epochs}))
+    return epochs
 
 
 def report_finished(args: argparse.Namespace) -> None:
@@ -242,7 +271,7 @@ def report_finished(args: argparse.Namespace) -> None:
 
 def throughput(args: argparse.Namespace) -> None:
     import torch
-    from bench_gpu_throughput import _child, describe, workload
+    from bench_gpu_throughput import _child, describe, format_breakdown, workload
 
     cpu = not torch.cuda.is_available()
     epochs = args.epochs if args.epochs is not None else 3 if cpu else 2
@@ -266,6 +295,11 @@ def throughput(args: argparse.Namespace) -> None:
         peak = "-" if r["peak_gib"] is None else f"{r['peak_gib']:.1f}"
         print(f"| {algorithm} | {r['epoch_images_per_s']:.3g} | {ratio:.2f} | {r['sampling_images_per_s']:.3g} "
               f"| {r['training_images_per_s']:.3g} | {peak} | {r['warmup_s']:.0f} |")
+    print("\nwhere a sampling batch's time goes (one more epoch's rollout, no scoring, the device synchronised around "
+          "each part):")
+    for algorithm, r in rows.items():
+        if r is not None:
+            print(f"{algorithm}: {format_breakdown(r['sampling_breakdown'])}")
     if None in rows.values():
         sys.exit(1)
 

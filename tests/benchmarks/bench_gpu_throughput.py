@@ -14,12 +14,12 @@ encoders 2 layers deep), handed to the trainer where it would read `model.path`.
 Each compile setting runs in a fresh process (no compiled state carries over; on a GPU with an empty inductor
 cache): the trainer's own epoch (Trainer.run_epoch), one warm-up epoch (which compiles), then ``--epochs`` measured
 ones (default 2 on a GPU, 3 on a CPU). Printed, per setting: images/s of the epoch, of sampling and of training; our
-sampling time per batch against diffusers' own ``__call__`` on the same batches (eager, LoRA disabled, decoding
-too; target <= 1.1); the epoch's images/s as a fraction of the FLOP floor (FlopCounterMode on one CFG forward x the
+sampling time per batch against diffusers' own ``__call__`` on the same batches (eager, LoRA disabled, decoding too;
+target <= 1.1); the epoch's images/s as a fraction of the FLOP floor (FlopCounterMode on one CFG forward x the
 forwards an image costs, over a measured matmul peak); the warm-up seconds; dynamo's unique graphs after the warm-up
-and after the measured epochs (equal: nothing recompiled). The compile-off process also reports which attention
-kernels ran. Timings never fail the run: it exits 0 whatever the figures (1 only when a setting crashed).
-"""
+and after the measured epochs (equal: nothing recompiled); where a sampling batch's time goes (transformer, VAE
+decode, prompt encoding, the rest). The compile-off process also reports which attention kernels ran. Timings never
+fail the run: it exits 0 whatever the figures (1 only when a setting crashed)."""
 
 from __future__ import annotations
 
@@ -182,6 +182,48 @@ def attention_kernels(model: FlowMatchingModel, cond: PromptEmbeddings, config: 
     return sorted(name[:100] for name in names)  # CUDA kernel names are template instantiations, kilobytes long
 
 
+def sampling_breakdown(trainer: Any, config: ExperimentConfig) -> dict[str, float]:
+    """Seconds per sampling batch of one more epoch's rollout (the algorithm's sampler and sampling weights, no
+    scoring): in the transformer's forwards, the VAE decode, the prompt encoding, and the rest (the SDE step and
+    its log-prob, the noise, copies to the host). The device is synchronised around each timed call."""
+    from components.flowgrpo.rollout import sample_rollout
+
+    model, s = trainer.model, config.sampling
+    device = model.device
+    spent = dict.fromkeys(("transformer", "vae_decode", "encode"), 0.0)
+
+    def timed(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = _clock(device)
+            result = fn(*args, **kwargs)
+            spent[key] += _clock(device) - start
+            return result
+        return call
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(s.prompts_per_epoch)]
+    sampler = trainer.algorithm.sampler_settings(torch.Generator().manual_seed(0))
+    model.predict_velocity = timed(model.predict_velocity, "transformer")  # instance attributes shadow the methods
+    model.decode = timed(model.decode, "vae_decode")
+    try:
+        start = _clock(device)
+        embeds = timed(trainer.prompts, "encode")(prompts)
+        with trainer.algorithm.sampling_weights():
+            sample_rollout(model, prompts, s.group_size, s.batch_size_per_worker, sampler,
+                           torch.Generator(device).manual_seed(0), embeds=embeds)
+        total = _clock(device) - start
+    finally:
+        del model.predict_velocity, model.decode
+    batches = len(epoch_batches(config))
+    return {**{key: v / batches for key, v in spent.items()}, "rest": (total - sum(spent.values())) / batches,
+            "total": total / batches}
+
+
+def format_breakdown(b: dict[str, float]) -> str:
+    """A sampling breakdown as one line of seconds per batch."""
+    return (f"{b['total']:.3g} s a sampling batch: transformer {b['transformer']:.3g} s, VAE decode "
+            f"{b['vae_decode']:.3g} s, prompt encoding {b['encode']:.3g} s, the rest {b['rest']:.3g} s")
+
+
 def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, algorithm: str = "flow_grpo",
             compare: bool = True) -> dict[str, Any]:
     """One setting in this (fresh) process: warm-up epoch, measured epochs, and, eager with the exact gradient and
@@ -219,6 +261,7 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, al
             "warmup_s": warmup_s, "unique_graphs_warmup": graphs_warmup, "unique_graphs_measured": graphs_measured,
             "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         }
+        out["sampling_breakdown"] = sampling_breakdown(trainer, config)
         # eager: diffusers' call, the FLOP count and the profile see the plain model
         if not compile_ and uncond_grad and compare:
             cond = trainer.prompts(PROMPTS[:1])
@@ -303,6 +346,9 @@ def report(config: ExperimentConfig, results: dict[bool, dict[str, Any] | None],
     print(f"{'unique graphs after warm-up / measured':<40}" + "".join(f"{g:>12}" for g in graphs))
     if diffusers_s is not None:
         print(f"diffusers __call__ (eager, LoRA disabled): {diffusers_s:.4g} s per batch")
+    for setting, r in results.items():
+        if r is not None:
+            print(f"compile {'on' if setting else 'off'}: {format_breakdown(r['sampling_breakdown'])}")
     recompiled = [r for r in results.values() if r and r["unique_graphs_measured"] != r["unique_graphs_warmup"]]
     if recompiled:
         print("RECOMPILED: the measured epochs compiled new graphs")
@@ -350,15 +396,16 @@ def main() -> int:
         results[compile_] = _child(cpu, compile_, epochs)
         print(f"compile {'on' if compile_ else 'off'}: {time.perf_counter() - start:.0f} s in all")
     report(config, results, cpu)
-    # train.cfg_uncond_grad false (eager): the unconditional CFG branch without gradient, a different gradient
-    detached = _child(cpu, False, epochs, uncond_grad=False)
+    # train.cfg_uncond_grad false (eager): the unconditional CFG branch without gradient, a different gradient;
+    # compared with compile off, so only run beside it
     off = results.get(False)
+    detached = _child(cpu, False, epochs, uncond_grad=False) if False in results else None
     if detached is not None and off is not None:
         print(f"train.cfg_uncond_grad false / true (compile off): training images/s "
               f"x{detached['training_images_per_s'] / off['training_images_per_s']:.2f}, epoch images/s "
               f"x{detached['epoch_images_per_s'] / off['epoch_images_per_s']:.2f}")
     # timings never fail the run; a setting that crashed does (its error was printed above)
-    return 1 if None in (*results.values(), detached) else 0
+    return 1 if None in results.values() or (False in results and detached is None) else 0
 
 
 if __name__ == "__main__":

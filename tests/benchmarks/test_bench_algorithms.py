@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -74,3 +75,22 @@ def test_report_and_plot_show_every_algorithm(tmp_path, capsys):
 
     with Image.open(tmp_path / "curves.png") as image:
         assert image.size == (1210, 440)  # 11 x 4 inches at 110 dpi
+
+
+def test_epochs_are_measured_once_per_workdir_and_reused_by_later_seeds(tmp_path, monkeypatch):
+    seconds = {"flow_grpo": 3.5, "diffusion_nft": 2.9}
+    measured = []
+
+    def epoch_seconds(algorithm: str, _overrides: list[str]) -> float:
+        measured.append(algorithm)
+        return seconds[algorithm]
+
+    monkeypatch.setattr(bench, "epoch_seconds", epoch_seconds)
+    args = SimpleNamespace(algorithms=["flow_grpo", "diffusion_nft"], minutes=2.0, smoke=False)
+    assert bench.plan_epochs(args, [], tmp_path) == {"flow_grpo": 34, "diffusion_nft": 41}  # 120 / 3.5, 120 / 2.9
+    assert bench.plan_epochs(args, [], tmp_path) == {"flow_grpo": 34, "diffusion_nft": 41}
+    assert measured == ["flow_grpo", "diffusion_nft"]  # the second call read DIR/epochs.json
+    with pytest.raises(SystemExit, match="epochs of 2 min"):
+        bench.plan_epochs(SimpleNamespace(**{**vars(args), "minutes": 12.0}), [], tmp_path)
+    with pytest.raises(SystemExit, match="grpo_guard"):
+        bench.plan_epochs(SimpleNamespace(**{**vars(args), "algorithms": ["grpo_guard"]}), [], tmp_path)

@@ -15,6 +15,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 NUM = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+BREAKDOWN = (rf"{NUM} s a sampling batch: transformer {NUM} s, VAE decode {NUM} s, prompt encoding {NUM} s, "
+             rf"the rest {NUM} s")
 
 # benchmark -> (smoke-run arguments, what its output must hold)
 SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
@@ -38,14 +40,16 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
         rf"(?m)^epoch images/s\s+{NUM}\s+{NUM}$", rf"(?m)^sampling / diffusers \(target <= 1\.1\)\s+{NUM}\s+{NUM}$",
         r"(?m)^unique graphs after warm-up / measured\s+0 / 0\s+(\d+) / \1$",  # compiled once, nothing recompiled
         rf"train\.cfg_uncond_grad false / true \(compile off\): training images/s x{NUM}",
+        *(rf"compile {setting}: {BREAKDOWN}" for setting in ("off", "on")),
     ]),
     "bench_memory.py": (["--depth", "2", "--cpu-families", ""], [
         *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "flux1-dev-pickscore", "qwenimage-ocr")),
         rf"(?m)^\* ckpt (?:on|off)\s+offload (?:on|off)\s+(?:none|fsdp)\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+fits",
     ]),
     "bench_algorithms.py": (["--throughput", "--epochs", "1"], [
-        rf"(?m)^\| {algorithm} \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|"
-        for algorithm in ("flow_grpo", "grpo_guard", "diffusion_nft")
+        pattern for algorithm in ("flow_grpo", "grpo_guard", "diffusion_nft")
+        for pattern in (rf"(?m)^\| {algorithm} \| {NUM} \| {NUM} \| {NUM} \| {NUM} \|",
+                        rf"(?m)^{algorithm}: {BREAKDOWN}")
     ]),
 }
 
