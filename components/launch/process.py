@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
+
 from components.errors import FlowGRPOError
 
 STOP_GRACE_S = 10.0
@@ -91,13 +93,17 @@ def stop_group(pid: int, alive: Callable[[], bool], grace_s: float = STOP_GRACE_
 
 @contextlib.contextmanager
 def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path: Path, what: str,
-                    ready: Callable[[], bool], timeout_s: float) -> Iterator[subprocess.Popen]:
+                    ready: Callable[[], bool], timeout_s: float, port: int | None = None
+                    ) -> Iterator[subprocess.Popen]:
     """Start ``args`` with its output in ``log_path``, wait until ``ready()``, yield it, then stop its whole process
-    group (also when it died on its own). ServiceError with the log's tail when it exits or is not ready in time."""
+    group (also when it died on its own). ServiceError with the log's tail when it exits or is not ready in time.
+
+    ``port``: ready also needs the process (or a child) listening there. Another server already on that port
+    answers the same health check, and this one, failing to bind, would be taken for it."""
     proc = start_detached(args, log_path=log_path, env=env, cwd=cwd)
     try:
         deadline = time.monotonic() + timeout_s
-        while not ready():
+        while not (ready() and (port is None or listens_on(proc.pid, port))):
             problem = (f"exited with {proc.returncode}" if proc.poll() is not None
                        else f"was not ready within {timeout_s:g} s" if time.monotonic() > deadline else None)
             if problem:
@@ -109,6 +115,20 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
         # Sweep whatever of its group outlived the leader (or a leader that died on its own).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its descendants listens on TCP ``port``."""
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    for proc in family:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in proc.net_connections("tcp")):
+                return True
+    return False
 
 
 def start_detached(args: list[str], *, log_path: Path, env: dict[str, str], cwd: Path | None = None

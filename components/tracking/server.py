@@ -51,9 +51,16 @@ _MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 def experiment_id(client: Any, name: str) -> str:
     """The id of experiment ``name``, created as a model-training experiment when missing. An existing one
     without a kind is given it; a kind someone chose is kept."""
+    from mlflow.exceptions import MlflowException
+
     found = client.get_experiment_by_name(name)
     if found is None:
-        return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+        except MlflowException as error:  # another run created it since the lookup: two pipelines started at once
+            found = client.get_experiment_by_name(name)
+            if error.error_code != "RESOURCE_ALREADY_EXISTS" or found is None:
+                raise
     if EXPERIMENT_KIND_TAG not in (found.tags or {}):
         client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
     return found.experiment_id

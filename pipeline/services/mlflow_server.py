@@ -61,5 +61,5 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
     else:
         args += ["--artifacts-destination", str(workdir / "artifacts")]
     with running_process(args, cwd=workdir, env=env, log_path=workdir / "mlflow.out", what="mlflow server",
-                         ready=lambda: _healthy(server.url), timeout_s=timeout_s):
+                         ready=lambda: _healthy(server.url), timeout_s=timeout_s, port=port):
         yield server

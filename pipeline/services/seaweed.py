@@ -106,7 +106,7 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
     env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
     env.pop("S3_BUCKET", None)
     with running_process(args, cwd=workdir, env=env, log_path=workdir / "weed.out", what="weed mini (SeaweedFS S3)",
-                         ready=lambda: _s3_answers(server.endpoint), timeout_s=timeout_s):
+                         ready=lambda: _s3_answers(server.endpoint), timeout_s=timeout_s, port=s3):
         _wait_bucket(server, time.monotonic() + timeout_s)
         yield server
 

@@ -479,3 +479,30 @@ def test_the_pipeline_run_shows_the_evaluation_and_the_model_version_and_its_cha
     assert "compareRunsMode=CHART" in charts
     sections = _chart_sections(charts)
     assert sections[:2] == ["reward", "reward/shapes"] and {"eval/shapes", "eval/strict"} <= set(sections[2:]), sections
+
+
+def test_an_experiment_created_by_another_run_between_lookup_and_create_is_used(tmp_path, monkeypatch):
+    """Two pipelines starting at once against one server: both look the experiment up, find none, and create it;
+    the one that loses the race takes the winner's experiment instead of failing."""
+    from components.tracking.server import experiment_id
+
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    class LostRace:
+        """The other run creates the experiment right after this one's lookup."""
+
+        def __init__(self) -> None:
+            self.looked_up = False
+
+        def get_experiment_by_name(self, name: str):
+            if not self.looked_up:
+                self.looked_up = True
+                client.create_experiment(name)
+                return None
+            return client.get_experiment_by_name(name)
+
+        def __getattr__(self, attr: str):
+            return getattr(client, attr)
+
+    assert experiment_id(LostRace(), "shared") == client.get_experiment_by_name("shared").experiment_id

@@ -61,3 +61,37 @@ def test_state_reads_the_kernel_state_through_a_name_with_parentheses_until_the_
     assert _state(child.pid) == "Z" and not is_running(child.pid, str(ready))
     child.wait()
     assert _state(child.pid) is None
+
+
+def test_listens_on_sees_the_port_of_a_child_process_and_no_other(tmp_path):
+    from components.launch.process import free_ports, listens_on
+
+    port, other = free_ports(2)
+    serve = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+             "print('up', flush=True); time.sleep(60)")
+    # the listener is the child of a shell, as a server's worker is of its launcher
+    args = ["/bin/sh", "-c", f'"{sys.executable}" -c "{serve}"; true']
+    ready = tmp_path / "demo.out"
+    with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=ready, what="demo",
+                         ready=lambda: "up" in ready.read_text(), timeout_s=30, port=port) as proc:
+        assert listens_on(proc.pid, port)
+        assert not listens_on(proc.pid, other)
+    assert not listens_on(proc.pid, port)  # gone with its process group
+
+
+def test_a_port_held_by_another_process_is_no_readiness(tmp_path):
+    """A server that cannot bind its port must not be taken for the one already there, which answers the same
+    health check: the start fails when it exits."""
+    import socket
+
+    from components.launch.process import free_ports
+
+    (port,) = free_ports(1)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        args = [sys.executable, "-c", "import time; time.sleep(1); raise SystemExit('address already in use')"]
+        with pytest.raises(ServiceError, match=r"(?s)demo exited with 1.*address already in use"):
+            with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out",
+                                 what="demo", ready=lambda: True, timeout_s=30, port=port):
+                pass
