@@ -1,8 +1,9 @@
 """Peak memory of one FlowGRPO training worker, per shipped GPU recipe and memory setting.
 
-    python tests/benchmarks/bench_memory.py [--recipes sd35-medium-ocr,flux1-dev-pickscore,qwenimage-ocr]
-                                            [--cpu-families sd35-medium,flux1-dev,qwen-image] [--all-settings]
-                                            [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
+    python tests/benchmarks/bench_memory.py
+        [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr]
+        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image] [--all-settings]
+        [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
 1. Estimated, every machine: each recipe at real shape (random weights, fake tensors: no memory, no compute,
    seconds on a CPU), at its per-worker batches, for every combination of train.gradient_checkpointing,
@@ -48,7 +49,8 @@ import torch
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 TARGET_GIB = 72.0
-RECIPES = {"sd35-medium-ocr": "sd35-medium", "flux1-dev-pickscore": "flux1-dev", "qwenimage-ocr": "qwen-image"}
+RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
+           "qwenimage-ocr": "qwen-image"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
@@ -77,9 +79,10 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
     from components.models.flux import FluxModel
     from components.models.sd3 import SD3Model
 
-    adapter = SD3Model if family == "sd35-medium" else FluxModel
+    sd3 = family.startswith("sd35")
+    adapter = SD3Model if sd3 else FluxModel
     t5 = config.model.max_sequence_length or adapter.default_max_sequence_length
-    return 77 + t5 if family == "sd35-medium" else t5
+    return 77 + t5 if sd3 else t5
 
 
 def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: bool, world: int,

@@ -66,6 +66,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "sd35-medium": Family(77 + 128, 77 + 128),
+    "sd35-large": Family(77 + 128, 77 + 128),
     "flux1-dev": Family(128, 0),  # embedded guidance: no negative prompt
     "qwen-image": Family(100, 6),
 }

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from functools import cache
+from functools import cache, partial
 
 import torch
 from diffusers import (
@@ -42,7 +42,7 @@ from transformers import (
 from components.models import tiny_tokenizers as tok
 from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 
-FAMILIES = ("sd35-medium", "flux1-dev", "qwen-image")
+FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -51,6 +51,13 @@ SD35_MEDIUM_TRANSFORMER = dict(
     sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24, attention_head_dim=64,
     num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048,
     pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
+)
+# stabilityai/stable-diffusion-3.5-large transformer/config.json (diffusers' SD3.5 blog: MMDiT with QK norm and no
+# dual-attention blocks; 38 blocks of width 38 x 64 = 2432, as the tt-metal and sglang ports): 8.06 B parameters
+SD35_LARGE_TRANSFORMER = dict(
+    sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=38, attention_head_dim=64,
+    num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432, pooled_projection_dim=2048,
+    pos_embed_max_size=192, dual_attention_layers=(), qk_norm="rms_norm",
 )
 # black-forest-labs/FLUX.1-dev transformer/config.json (BFL flux-dev params, e.g. hpcaitech/Open-Sora t2i2v.py)
 FLUX1_DEV_TRANSFORMER = dict(
@@ -119,7 +126,8 @@ def describe() -> str:
     """What is real and what is reduced in these builders, for benchmark output."""
     return (
         "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
-        "(SD3.5 Medium, FLUX.1-dev, Qwen-Image); text encoders at real width but reduced depth (text_layers) and "
+        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image); text encoders at real width but reduced depth "
+        "(text_layers) and "
         f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
         f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
         f"{REAL_VOCAB['clip']} / {REAL_VOCAB['t5']} / {REAL_VOCAB['qwen']}); memory figures count the text "
@@ -201,16 +209,20 @@ def _flux_blocks(total: int | None) -> tuple[int, int]:
     return double, max(1, min(real_single, total - double))
 
 
+SD35_TRANSFORMERS = {"sd35-medium": SD35_MEDIUM_TRANSFORMER, "sd35-large": SD35_LARGE_TRANSFORMER}
+
+
 def transformer_config(family: str, transformer_layers: int | None = None) -> dict:
     """The family's transformer config, its depth reduced to ``transformer_layers`` when given.
 
     SD3.5: the first ``n`` blocks (dual attention where the real model has it). FLUX.1: ``n`` blocks in all,
     double and single in the real 1:2 ratio, at least one of each. Qwen-Image: ``n`` blocks.
     """
-    if family == "sd35-medium":
-        n = _depth(SD35_MEDIUM_TRANSFORMER["num_layers"], transformer_layers)
-        dual = tuple(i for i in SD35_MEDIUM_TRANSFORMER["dual_attention_layers"] if i < n)
-        return {**SD35_MEDIUM_TRANSFORMER, "num_layers": n, "dual_attention_layers": dual}
+    if family in SD35_TRANSFORMERS:
+        real = SD35_TRANSFORMERS[family]
+        n = _depth(real["num_layers"], transformer_layers)
+        dual = tuple(i for i in real["dual_attention_layers"] if i < n)
+        return {**real, "num_layers": n, "dual_attention_layers": dual}
     if family == "flux1-dev":
         double, single = _flux_blocks(transformer_layers)
         return {**FLUX1_DEV_TRANSFORMER, "num_layers": double, "num_single_layers": single}
@@ -220,7 +232,8 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
 
 
-_TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "flux1-dev": FluxTransformer2DModel,
+_TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
+                        "flux1-dev": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel}
 
 
@@ -241,7 +254,7 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
         if family == "qwen-image":
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
         else:
-            vae = AutoencoderKL(**(SD3_VAE if family == "sd35-medium" else FLUX1_VAE))
+            vae = AutoencoderKL(**(SD3_VAE if family in SD35_TRANSFORMERS else FLUX1_VAE))
     return _finish(vae, device, dtype)
 
 
@@ -249,11 +262,12 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
 
 def sd35_medium(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
                 transformer_layers: int | None = None, max_sequence_length: int = 256,
-                seed: int = 0) -> StableDiffusion3Pipeline:
-    """A ``StableDiffusion3Pipeline`` shaped like Stable Diffusion 3.5 Medium (MMDiT-X, CLIP-L, CLIP-G, T5-XXL)."""
+                seed: int = 0, family: str = "sd35-medium") -> StableDiffusion3Pipeline:
+    """A ``StableDiffusion3Pipeline`` shaped like Stable Diffusion 3.5 Medium (MMDiT-X, CLIP-L, CLIP-G, T5-XXL), or
+    with ``family="sd35-large"`` like 3.5 Large (the same text encoders, VAE and scheduler)."""
     device = _device(device)
-    transformer = build_transformer("sd35-medium", device, dtype, transformer_layers, seed)
-    vae = build_vae("sd35-medium", device, dtype, seed + 1)
+    transformer = build_transformer(family, device, dtype, transformer_layers, seed)
+    vae = build_vae(family, device, dtype, seed + 1)
     encoders = []
     for i, make in enumerate((lambda: clip_text_encoder(text_layers, projection=True),
                               lambda: clip_text_encoder(text_layers, projection=True, big=True),
@@ -306,8 +320,9 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
-BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": sd35_medium, "flux1-dev": flux1_dev,
-                                              "qwen-image": qwen_image}
+BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": sd35_medium,
+                                              "sd35-large": partial(sd35_medium, family="sd35-large"),
+                                              "flux1-dev": flux1_dev, "qwen-image": qwen_image}
 
 
 # --- real sizes, from meta builds ---
@@ -329,7 +344,8 @@ def transformer_param_count(family: str) -> int:
 
 @cache
 def transformer_buffer_count(family: str) -> int:
-    """Elements of the real transformer's buffers (SD3: the 384 x 384 positional table; none for the others)."""
+    """Elements of the real transformer's buffers (SD3.5: the positional table, 384 x 384 for Medium, 192 x 192 for
+    Large; none for the others)."""
     return sum(b.numel() for b in build_transformer(family, "meta").buffers())
 
 
@@ -382,7 +398,8 @@ def qwen_image_text_encoder_parts(layers: int | None = None) -> dict[str, int]:
 def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[str, int]:
     """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
     real width and vocabulary."""
-    counts = {"sd35-medium": sd35_medium_text_encoders, "flux1-dev": flux1_dev_text_encoders,
+    counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
+              "flux1-dev": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")

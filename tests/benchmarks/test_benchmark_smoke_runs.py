@@ -43,7 +43,8 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
         *(rf"compile {setting}: {BREAKDOWN}" for setting in ("off", "on")),
     ]),
     "bench_memory.py": (["--depth", "2", "--cpu-families", ""], [
-        *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "flux1-dev-pickscore", "qwenimage-ocr")),
+        *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "sd35-large-ocr", "flux1-dev-pickscore",
+                                                        "qwenimage-ocr")),
         rf"(?m)^\* ckpt (?:on|off)\s+offload (?:on|off)\s+(?:none|fsdp)\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+fits",
     ]),
     "bench_algorithms.py": (["--throughput", "--epochs", "1"], [
