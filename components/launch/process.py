@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
-
 from components.errors import FlowGRPOError
 
 STOP_GRACE_S = 10.0
@@ -119,6 +117,8 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
 
 def listens_on(pid: int, port: int) -> bool:
     """Whether process ``pid`` or one of its descendants listens on TCP ``port``."""
+    import psutil  # not in the components image, whose steps import this module but start no service
+
     try:
         root = psutil.Process(pid)
         family = [root, *root.children(recursive=True)]
