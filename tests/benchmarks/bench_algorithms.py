@@ -209,8 +209,8 @@ def learning(args: argparse.Namespace) -> None:
     results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
     for seed in args.seeds:
         for algorithm in args.algorithms:
-            workdir = root / f"{algorithm}-seed-{seed}"
-            if any(workdir.glob("runs/*/eval/eval.json")):  # finished in an earlier invocation
+            workdir = run_dir(root, algorithm, seed)
+            if finished(workdir):  # in an earlier invocation
                 print(f"seed {seed}, {algorithm}: finished before, read from {workdir}", flush=True)
                 results[algorithm].append(read_run(seed, workdir))
                 continue
@@ -225,6 +225,16 @@ def learning(args: argparse.Namespace) -> None:
     report(results, epochs, images_per_epoch)
     if args.plot:
         plot(results, images_per_epoch, args.plot)
+
+
+def run_dir(root: Path, algorithm: str, seed: int) -> Path:
+    """The work directory of one algorithm's run of one seed."""
+    return root / f"{algorithm}-seed-{seed}"
+
+
+def finished(workdir: Path) -> bool:
+    """Whether the `run --local` in ``workdir`` got as far as its evaluation (what ``read_run`` reads)."""
+    return any(workdir.glob("runs/*/eval/eval.json"))
 
 
 def plan_epochs(args: argparse.Namespace, shared: list[str], root: Path) -> dict[str, int]:
@@ -259,9 +269,9 @@ def report_finished(args: argparse.Namespace) -> None:
     images_per_epoch = config.sampling.prompts_per_epoch * config.sampling.group_size
     results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
     for seed in args.seeds:
-        if all(any((args.workdir / f"{a}-seed-{seed}").glob("runs/*/eval/eval.json")) for a in args.algorithms):
+        if all(finished(run_dir(args.workdir, a, seed)) for a in args.algorithms):
             for algorithm in args.algorithms:
-                results[algorithm].append(read_run(seed, args.workdir / f"{algorithm}-seed-{seed}"))
+                results[algorithm].append(read_run(seed, run_dir(args.workdir, algorithm, seed)))
     if not results[args.algorithms[0]]:
         sys.exit(f"no seed has a finished run of every algorithm under {args.workdir}")
     report(results, {a: len(runs[0]["history"]) for a, runs in results.items()}, images_per_epoch)

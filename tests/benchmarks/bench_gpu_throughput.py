@@ -92,10 +92,15 @@ def describe(config: ExperimentConfig, cpu: bool) -> str:
             f"LoRA r{m.lora.rank}, {m.resolution} px, offload_text_encoders {m.offload_text_encoders}")
 
 
+def epoch_prompts(config: ExperimentConfig) -> list[str]:
+    """The epoch's distinct prompts, ``prompts_per_epoch`` of PROMPTS in turn."""
+    return [PROMPTS[i % len(PROMPTS)] for i in range(config.sampling.prompts_per_epoch)]
+
+
 def epoch_batches(config: ExperimentConfig) -> list[list[str]]:
     """Prompts of each sampling batch of an epoch: each prompt ``group_size`` times, ``batch_size`` per batch."""
     s = config.sampling
-    rows = [PROMPTS[i % len(PROMPTS)] for i in range(s.prompts_per_epoch) for _ in range(s.group_size)]
+    rows = [prompt for prompt in epoch_prompts(config) for _ in range(s.group_size)]
     return [rows[i:i + s.batch_size_per_worker] for i in range(0, len(rows), s.batch_size_per_worker)]
 
 
@@ -200,7 +205,7 @@ def sampling_breakdown(trainer: Any, config: ExperimentConfig) -> dict[str, floa
             return result
         return call
 
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(s.prompts_per_epoch)]
+    prompts = epoch_prompts(config)
     sampler = trainer.algorithm.sampler_settings(torch.Generator().manual_seed(0))
     model.predict_velocity = timed(model.predict_velocity, "transformer")  # instance attributes shadow the methods
     model.decode = timed(model.decode, "vae_decode")

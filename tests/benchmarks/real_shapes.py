@@ -260,11 +260,11 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
 
 # --- the pipelines ---
 
-def sd35_medium(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
-                transformer_layers: int | None = None, max_sequence_length: int = 256,
-                seed: int = 0, family: str = "sd35-medium") -> StableDiffusion3Pipeline:
-    """A ``StableDiffusion3Pipeline`` shaped like Stable Diffusion 3.5 Medium (MMDiT-X, CLIP-L, CLIP-G, T5-XXL), or
-    with ``family="sd35-large"`` like 3.5 Large (the same text encoders, VAE and scheduler)."""
+def sd35(family: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+         text_layers: int | None = 2, transformer_layers: int | None = None, max_sequence_length: int = 256,
+         seed: int = 0) -> StableDiffusion3Pipeline:
+    """A ``StableDiffusion3Pipeline`` shaped like Stable Diffusion 3.5 Medium (``family="sd35-medium"``: MMDiT-X,
+    CLIP-L, CLIP-G, T5-XXL) or Large (``"sd35-large"``: its MMDiT, the same text encoders, VAE and scheduler)."""
     device = _device(device)
     transformer = build_transformer(family, device, dtype, transformer_layers, seed)
     vae = build_vae(family, device, dtype, seed + 1)
@@ -320,8 +320,8 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
-BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": sd35_medium,
-                                              "sd35-large": partial(sd35_medium, family="sd35-large"),
+BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35-medium"),
+                                              "sd35-large": partial(sd35, "sd35-large"),
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image}
 
 
