@@ -13,8 +13,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # How .ci/run's pytest-xdist workers share the tests. A unit of work ("scope") goes to one worker whole: each test
 # file is one, so its module fixtures (trained runs, started services) are built once; the files that start a local
 # Ray cluster share one, since three Ray clusters on two cores starve each other past their timeouts (seen: a 2-min
-# test killed at 7 min); each benchmark smoke run is one of its own. The slowest go first (CI's --durations), so
-# none of them starts last and holds up the end of the run.
+# test killed at 7 min); each benchmark smoke run and each model-family test is one of its own. The slowest go
+# first (CI's --durations), so none of them starts last and holds up the end of the run.
 RAY_SCOPE = "ray"
 SHARED_SCOPES = {
     "tests/integration/test_ray_train.py": RAY_SCOPE, "tests/integration/test_ray_startup.py": RAY_SCOPE,
@@ -22,7 +22,7 @@ SHARED_SCOPES = {
     "tests/benchmarks/test_benchmark_smoke_runs.py::test_the_benchmark_smoke_run_prints_its_figures[bench_ray.py]":
         RAY_SCOPE,
 }
-PER_TEST_FILES = ("tests/benchmarks/test_benchmark_smoke_runs.py",)
+PER_TEST_FILES = ("tests/benchmarks/test_benchmark_smoke_runs.py", "tests/integration/test_model_families.py")
 SLOWEST_FIRST = [
     RAY_SCOPE, "tests/integration/test_local_run.py", "tests/integration/test_cli.py",
     "tests/integration/test_sharding.py", "tests/integration/test_model_families.py",

@@ -125,6 +125,10 @@ class FlowMatchingModel(ABC):
         """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""
         return {"guidance_scale": guidance_scale, "negative_prompt": self.negative_prompt}
 
+    def pipeline_inputs(self, prompts: list[str], guidance_scale: float) -> dict:
+        """Keyword arguments of the pipeline's ``__call__`` on ``prompts``, guided as ``predict_velocity`` guides."""
+        return {"prompt": prompts, **self.pipeline_call_kwargs(guidance_scale)}
+
     def training_guidance_scale(self, guidance_scale: float, train_cfg: bool) -> float:
         """The scale the training forward uses: embedded guidance is part of every forward, CFG only if asked."""
         return guidance_scale if train_cfg or self.guidance_mode == "embedded" else 1.0
@@ -184,18 +188,22 @@ class FlowMatchingModel(ABC):
     def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
         """One transformer forward: the velocity at noise level ``sigma`` (``guidance``: embedded scale)."""
 
-    def sigmas(self, num_steps: int, resolution: int) -> torch.Tensor:
-        """The pipeline's noise levels, float32 on CPU, shape (num_steps + 1,), from 1 down to 0."""
+    def shift_mu(self, num_steps: int, resolution: int) -> float:
+        """The resolution-dependent shift the pipeline hands a ``use_dynamic_shifting`` scheduler."""
         from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
+        c = self.pipeline.scheduler.config
+        return calculate_shift(
+            self.image_seq_len(resolution), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+            c.get("base_shift", 0.5), c.get("max_shift", 1.16),
+        )
+
+    def sigmas(self, num_steps: int, resolution: int) -> torch.Tensor:
+        """The pipeline's noise levels, float32 on CPU, shape (num_steps + 1,), from 1 down to 0."""
         scheduler = self.pipeline.scheduler
-        c = scheduler.config
         kwargs = {}
-        if c.get("use_dynamic_shifting", False):
-            kwargs["mu"] = calculate_shift(
-                self.image_seq_len(resolution), c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                c.get("base_shift", 0.5), c.get("max_shift", 1.16),
-            )
+        if scheduler.config.get("use_dynamic_shifting", False):
+            kwargs["mu"] = self.shift_mu(num_steps, resolution)
         if self.linear_sigmas:
             scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), device="cpu", **kwargs)
         else:

@@ -28,22 +28,26 @@ class LoRAConfig(Section):
     )
 
 
-# How each family guides sampling (docs/MODELS.md): `cfg` batches a negative-prompt pass with the prompt;
-# `true_cfg` runs it separately and rescales to the conditional norm (Qwen-Image); `embedded` feeds the scale
-# to a guidance-distilled transformer (FLUX.1-dev); `none` has neither (FLUX.1-schnell). The adapter of a
-# `diffusers` kind reports its mode once loaded, and the same check runs then.
+# How each family guides sampling (docs/MODELS.md): `cfg` batches a negative-prompt pass with the prompt (SD3,
+# FLUX.2 klein base); `true_cfg` runs it separately and rescales to the conditional norm (Qwen-Image); `embedded`
+# feeds the scale to a guidance-distilled transformer (FLUX.1-dev); `none` has neither (FLUX.1-schnell, the
+# step-distilled FLUX.2 klein). The adapter of a `diffusers` kind reports its mode once loaded, and the same
+# check runs then.
 GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
 TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg",
+                                          "tiny-zimage": "cfg", "tiny-flux2": "cfg",
                                           "shapes-sd3": "cfg"}
 SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position embedding knows no other size
 
 
 class ModelConfig(Section):
-    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "shapes-sd3", "diffusers"] = Field(
+    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "shapes-sd3",
+                  "diffusers"] = Field(
         default="tiny-sd3",
-        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage`: random pipeline of that family built from "
-                    "config; `shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); "
-                    "`diffusers`: load `path` (SD3, FLUX.1 or Qwen-Image, from its model_index.json)",
+        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein): "
+                    "random pipeline of that family built from config; `shapes-sd3`: the shipped demo model "
+                    "pretrained on drawn shapes (48 px); `diffusers`: load `path` (SD3, FLUX.1, Qwen-Image, Z-Image "
+                    "or FLUX.2 klein, from its model_index.json)",
     )
     path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
     negative_prompt: str = Field(
@@ -54,9 +58,10 @@ class ModelConfig(Section):
     resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
     max_sequence_length: int | None = Field(
         default=None, ge=1, le=4096,
-        description="text tokens per prompt (T5 for SD3 and FLUX, Qwen2.5-VL for Qwen-Image); longer prompts are "
-                    "cut. null = the family's: 128 for SD3 and FLUX (upstream flow_grpo's training length), 512 for "
-                    "Qwen-Image (its pipeline's)",
+        description="text tokens per prompt (T5 for SD3 and FLUX, Qwen2.5-VL for Qwen-Image, Qwen3 for Z-Image and "
+                    "FLUX.2 klein, which pads every prompt to it); longer prompts are cut. null = the family's: 128 "
+                    "for SD3 and FLUX (upstream flow_grpo's training length), 512 for Qwen-Image, Z-Image and FLUX.2 "
+                    "klein (their pipelines')",
     )
     offload_text_encoders: bool = Field(
         default=False,

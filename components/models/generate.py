@@ -29,6 +29,6 @@ def generate(model: FlowMatchingModel, prompts: list[str], *, resolution: int, n
     """(N, H, W, 3) uint8 images, deterministic for ``seed``."""
     generator = torch.Generator(model.device).manual_seed(seed)
     with torch.no_grad():
-        out = model.pipeline(prompt=prompts, height=resolution, width=resolution, num_inference_steps=num_steps,
-                             generator=generator, output_type="np", **model.pipeline_call_kwargs(guidance_scale))
+        out = model.pipeline(height=resolution, width=resolution, num_inference_steps=num_steps,
+                             generator=generator, output_type="np", **model.pipeline_inputs(prompts, guidance_scale))
     return (np.clip(out.images, 0, 1) * 255).round().astype(np.uint8)

@@ -31,11 +31,15 @@ PIPELINES = {
     "StableDiffusion3Pipeline": ("components.models.sd3", "SD3Model"),
     "FluxPipeline": ("components.models.flux", "FluxModel"),
     "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
+    "ZImagePipeline": ("components.models.zimage", "ZImageModel"),
+    "Flux2KleinPipeline": ("components.models.flux2", "Flux2KleinModel"),
 }
 TINY = {
     "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
     "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
     "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
+    "tiny-zimage": ("components.models.tiny_zimage", "build_tiny_zimage"),
+    "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),
     "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
 }
 

@@ -1,8 +1,9 @@
 """Peak memory of one FlowGRPO training worker, per shipped GPU recipe and memory setting.
 
     python tests/benchmarks/bench_memory.py
-        [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr]
-        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image] [--all-settings]
+        [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr,flux2-klein-pickscore,
+                   zimage-pickscore]
+        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image] [--all-settings]
         [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
 1. Estimated, every machine: each recipe at real shape (random weights, fake tensors: no memory, no compute,
@@ -50,12 +51,14 @@ from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
 TARGET_GIB = 72.0
 RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
-           "qwenimage-ocr": "qwen-image"}
+           "qwenimage-ocr": "qwen-image", "flux2-klein-pickscore": "flux2-klein",
+           "zimage-pickscore": "z-image"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
 H100_SD35_PEAK_GIB = 49.9
-QWEN_PROMPT_TOKENS = 100  # a typical OCR prompt after the template; SD3 and FLUX pad to a fixed length
+QWEN_PROMPT_TOKENS = 100  # a typical OCR prompt after the template (Z-Image: PickScore's, longer than most); SD3
+# and FLUX pad to a fixed length
 GIB = 2**30
 MIB = 2**20
 # the CPU measurement: real width, few blocks, small images, so an epoch takes seconds
@@ -73,9 +76,14 @@ def _setting(ckpt: bool, offload: bool, sharding: str) -> str:
 
 
 def _text_tokens(config: ExperimentConfig, family: str) -> int:
-    """Text tokens per prompt row: Qwen-Image's own prompt length; SD3's 77 CLIP + the T5 length; FLUX's T5."""
-    if family == "qwen-image":
+    """Text tokens per prompt row: Qwen-Image's and Z-Image's own prompt length; SD3's 77 CLIP + the T5 length;
+    FLUX's T5; FLUX.2 klein's padded Qwen3 length."""
+    if family in ("qwen-image", "z-image"):
         return QWEN_PROMPT_TOKENS
+    if family == "flux2-klein":
+        from components.models.flux2 import Flux2KleinModel
+
+        return config.model.max_sequence_length or Flux2KleinModel.default_max_sequence_length
     from components.models.flux import FluxModel
     from components.models.sd3 import SD3Model
 

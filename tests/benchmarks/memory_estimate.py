@@ -49,6 +49,7 @@ from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, P
 from components.models.config import LoRAConfig
 from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
+from components.models.zimage import ZImageModel
 
 GIB = 2**30
 SIGMA, SIGMA_NEXT = 0.7, 0.6  # any step: activation memory does not depend on the noise level
@@ -60,7 +61,8 @@ NOISE_LEVEL = 0.7
 class Family:
     """What the adapter cannot tell: the default text lengths, in tokens."""
 
-    text_tokens: int  # SD3: 77 CLIP + 128 T5; FLUX.1: the T5 length (128); Qwen-Image: the prompt's own length
+    text_tokens: int  # SD3: 77 CLIP + 128 T5; FLUX.1: the T5 length (128); Qwen-Image: the prompt's own length;
+    # FLUX.2 klein: the padded Qwen3 length (512)
     negative_tokens: int  # the negative prompt's text length (Qwen-Image: " " after the template, 6 tokens)
 
 
@@ -69,6 +71,8 @@ FAMILIES: dict[str, Family] = {
     "sd35-large": Family(77 + 128, 77 + 128),
     "flux1-dev": Family(128, 0),  # embedded guidance: no negative prompt
     "qwen-image": Family(100, 6),
+    "flux2-klein": Family(512, 512),  # every prompt, the empty negative too, padded to the Qwen3 length
+    "z-image": Family(100, 8),  # the prompt's own length; the empty negative is the chat template's 8 tokens
 }
 
 
@@ -120,10 +124,14 @@ def _measure(live: LiveBytes, result: dict[str, int], key: str) -> Iterator[None
 
 @contextlib.contextmanager
 def _forward_rows(transformer: torch.nn.Module) -> Iterator[list[int]]:
-    """The batch rows of each transformer forward run inside (every adapter passes ``hidden_states``)."""
+    """The batch rows of each transformer forward run inside (the adapters pass ``hidden_states``, Z-Image's a
+    list ``x``)."""
     rows: list[int] = []
-    handle = transformer.register_forward_pre_hook(
-        lambda _module, _args, kwargs: rows.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
+
+    def count(_module: torch.nn.Module, _args: tuple, kwargs: dict) -> None:
+        rows.append(len(kwargs["x"]) if "x" in kwargs else kwargs["hidden_states"].shape[0])
+
+    handle = transformer.register_forward_pre_hook(count, with_kwargs=True)
     try:
         yield rows
     finally:
@@ -192,15 +200,20 @@ def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype
 
 def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int) -> PromptEmbeddings:
     """Embeddings as the adapter's ``encode_prompts`` returns them: the text states in the model's dtype, with
-    the pooled CLIP projection (SD3, FLUX.1) or the text mask (Qwen-Image).
+    the pooled CLIP projection (SD3, FLUX.1), the text mask (Qwen-Image, Z-Image) or nothing else (FLUX.2 klein).
 
     The mask is real and all ones: nothing padded, so ``_forward`` takes the unmasked path, as for one prompt.
     """
     config = model.transformer.config
+    if isinstance(model, ZImageModel):  # captions of cap_feat_dim, their lengths in the mask
+        return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.cap_feat_dim), model.dtype),
+                                 "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
     text = _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)
     if isinstance(model, QwenImageModel):
         return PromptEmbeddings({"prompt_embeds": text,
                                  "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
+    if "pooled_projection_dim" not in config:  # FLUX.2 klein: the text states alone
+        return PromptEmbeddings({"prompt_embeds": text})
     pooled = _empty(mode, (rows, config.pooled_projection_dim), model.dtype)
     return PromptEmbeddings({"prompt_embeds": text, "pooled_projections": pooled})
 

@@ -1,4 +1,5 @@
-"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev and Qwen-Image, random weights.
+"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B and
+Z-Image, random weights.
 
 Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
@@ -20,14 +21,19 @@ from functools import cache, partial
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLFlux2,
     AutoencoderKLQwenImage,
     FlowMatchEulerDiscreteScheduler,
+    Flux2KleinPipeline,
+    Flux2Transformer2DModel,
     FluxPipeline,
     FluxTransformer2DModel,
     QwenImagePipeline,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
+    ZImagePipeline,
+    ZImageTransformer2DModel,
 )
 from transformers import (
     CLIPTextConfig,
@@ -35,14 +41,19 @@ from transformers import (
     CLIPTextModelWithProjection,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3Model,
     T5Config,
     T5EncoderModel,
 )
 
 from components.models import tiny_tokenizers as tok
+from components.models.tiny_flux2 import klein_tokenizer
 from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
+from components.models.tiny_zimage import zimage_tokenizer
 
-FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image")
+FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -118,7 +129,35 @@ QWEN_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, base_image_seq_len=256, ba
                             max_shift=0.9, shift=1.0, shift_terminal=0.02, time_shift_type="exponential",
                             use_dynamic_shifting=True)
 
-REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064}
+# FLUX.2 [klein] 4B transformer/config.json: diffusers scripts/convert_flux2_to_diffusers.py (commit 207bae7a),
+# get_flux2_transformer_config("klein-4b"); the base and distilled 4B share it (9B: 8 + 24 blocks, 32 heads, joint
+# dim 12288). That script builds the VAE as AutoencoderKLFlux2() (the class defaults: 32 latent channels, 2x2 patches
+# batch-normalised) and gives FLUX.2 pipelines FLUX.1-dev's scheduler config; klein computes the shift's mu itself.
+FLUX2_KLEIN_4B_TRANSFORMER = dict(
+    patch_size=1, in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128, num_attention_heads=24,
+    joint_attention_dim=7680, timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32),
+    rope_theta=2000, eps=1e-6, guidance_embeds=False,
+)
+# Qwen/Qwen3-4B config.json, klein 4B's text_encoder (Qwen3ForCausalLM; width 2560 x the 3 stacked layers = 7680)
+QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rms_norm_eps=1e-6, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+KLEIN_TEXT_LAYERS = 28  # the klein pipeline stacks hidden states 9, 18 and 27: a shallower encoder cannot run
+
+# Tongyi-MAI/Z-Image transformer/config.json (Z-Image-Turbo's is the same; as copied with "_diffusers_version":
+# "0.36.0.dev0" in public loaders, and equal to ZImageTransformer2DModel's defaults in diffusers 0.42.1 but for
+# axes_lens, 1536 there): 30 single-stream blocks of width 3840 plus 2 noise and 2 caption refiners, 6.15 B
+ZIMAGE_TRANSFORMER = dict(
+    all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2,
+    n_heads=30, n_kv_heads=30, norm_eps=1e-5, qk_norm=True, cap_feat_dim=2560, rope_theta=256.0, t_scale=1000.0,
+    axes_dims=(32, 48, 48), axes_lens=(1536, 512, 512),
+)
+# Tongyi-MAI/Z-Image scheduler/scheduler_config.json (Z-Image-Turbo's: shift 3.0); its VAE is FLUX.1's (FLUX1_VAE)
+# and its text_encoder Qwen3-4B (QWEN3_4B) loaded as Qwen3Model, without the LM head
+ZIMAGE_SCHEDULER = dict(num_train_timesteps=1000, use_dynamic_shifting=False, shift=6.0)
+
+REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064, "qwen3": 151936}
 QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as tiny_qwenimage), plus the special tokens
 
 
@@ -126,8 +165,8 @@ def describe() -> str:
     """What is real and what is reduced in these builders, for benchmark output."""
     return (
         "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
-        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image); text encoders at real width but reduced depth "
-        "(text_layers) and "
+        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image); text encoders at real width "
+        f"but reduced depth (text_layers; klein's Qwen3 at least {KLEIN_TEXT_LAYERS}) and "
         f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
         f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
         f"{REAL_VOCAB['clip']} / {REAL_VOCAB['t5']} / {REAL_VOCAB['qwen']}); memory figures count the text "
@@ -182,6 +221,15 @@ def t5_text_encoder(layers: int | None, vocab_size: int | None = None) -> T5Enco
     return T5EncoderModel(config)
 
 
+def qwen3_text_encoder(layers: int | None, vocab_size: int, pad_token_id: int | None = None,
+                       eos_token_id: int | None = None) -> Qwen3ForCausalLM:
+    """Qwen3-4B at real width: ``layers`` deep but never under the ``KLEIN_TEXT_LAYERS`` the klein pipeline reads
+    (None = real depth)."""
+    depth = _depth(QWEN3_4B["num_hidden_layers"], None if layers is None else max(layers, KLEIN_TEXT_LAYERS))
+    return Qwen3ForCausalLM(Qwen3Config(**{**QWEN3_4B, "vocab_size": vocab_size, "num_hidden_layers": depth},
+                                        pad_token_id=pad_token_id, eos_token_id=eos_token_id))
+
+
 def qwen_text_encoder(layers: int | None, special: dict[str, int], vocab_size: int) -> (
         Qwen2_5_VLForConditionalGeneration):
     """Qwen2.5-VL-7B at real width: ``layers`` language-model layers (and vision blocks, None = real depth)."""
@@ -200,9 +248,10 @@ def qwen_text_encoder(layers: int | None, special: dict[str, int], vocab_size: i
     return Qwen2_5_VLForConditionalGeneration(config)
 
 
-def _flux_blocks(total: int | None) -> tuple[int, int]:
-    """(double, single) blocks: real 19 + 38, or ``total`` split in the same 1:2 ratio, at least one of each."""
-    real_double, real_single = FLUX1_DEV_TRANSFORMER["num_layers"], FLUX1_DEV_TRANSFORMER["num_single_layers"]
+def _flux_blocks(total: int | None, real: dict = FLUX1_DEV_TRANSFORMER) -> tuple[int, int]:
+    """(double, single) blocks: the real ones (FLUX.1-dev 19 + 38), or ``total`` split in the real ratio, at least
+    one of each."""
+    real_double, real_single = real["num_layers"], real["num_single_layers"]
     if total is None:
         return real_double, real_single
     double = max(1, min(real_double, round(total * real_double / (real_double + real_single))))
@@ -215,8 +264,8 @@ SD35_TRANSFORMERS = {"sd35-medium": SD35_MEDIUM_TRANSFORMER, "sd35-large": SD35_
 def transformer_config(family: str, transformer_layers: int | None = None) -> dict:
     """The family's transformer config, its depth reduced to ``transformer_layers`` when given.
 
-    SD3.5: the first ``n`` blocks (dual attention where the real model has it). FLUX.1: ``n`` blocks in all,
-    double and single in the real 1:2 ratio, at least one of each. Qwen-Image: ``n`` blocks.
+    SD3.5: the first ``n`` blocks (dual attention where the real model has it). FLUX.1 / FLUX.2 klein: ``n`` blocks
+    in all, double and single in the real 1:2 / 1:4 ratio, at least one of each. Qwen-Image: ``n`` blocks.
     """
     if family in SD35_TRANSFORMERS:
         real = SD35_TRANSFORMERS[family]
@@ -229,12 +278,18 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
     if family == "qwen-image":
         return {**QWEN_IMAGE_TRANSFORMER, "num_layers": _depth(QWEN_IMAGE_TRANSFORMER["num_layers"],
                                                                transformer_layers)}
+    if family == "flux2-klein":
+        double, single = _flux_blocks(transformer_layers, FLUX2_KLEIN_4B_TRANSFORMER)
+        return {**FLUX2_KLEIN_4B_TRANSFORMER, "num_layers": double, "num_single_layers": single}
+    if family == "z-image":  # the refiners stay: every forward runs them
+        return {**ZIMAGE_TRANSFORMER, "n_layers": _depth(ZIMAGE_TRANSFORMER["n_layers"], transformer_layers)}
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
 
 
 _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
                         "flux1-dev": FluxTransformer2DModel,
-                        "qwen-image": QwenImageTransformer2DModel}
+                        "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
+                        "z-image": ZImageTransformer2DModel}
 
 
 def build_transformer(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
@@ -247,12 +302,14 @@ def build_transformer(family: str, device: torch.device | str = "meta", dtype: t
 
 
 def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
-              seed: int = 1) -> AutoencoderKL | AutoencoderKLQwenImage:
+              seed: int = 1) -> AutoencoderKL | AutoencoderKLQwenImage | AutoencoderKLFlux2:
     """The family's VAE alone (frozen, eval mode)."""
     device = _device(device)
     with _building(device, seed):
         if family == "qwen-image":
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
+        elif family == "flux2-klein":
+            vae = AutoencoderKLFlux2()
         else:
             vae = AutoencoderKL(**(SD3_VAE if family in SD35_TRANSFORMERS else FLUX1_VAE))
     return _finish(vae, device, dtype)
@@ -320,9 +377,56 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
+def flux2_klein(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+                transformer_layers: int | None = None, max_sequence_length: int = 512,
+                seed: int = 0) -> Flux2KleinPipeline:
+    """A ``Flux2KleinPipeline`` shaped like FLUX.2 [klein] 4B, step-distilled (5 double + 20 single blocks, the
+    FLUX.2 VAE, Qwen3-4B, whose depth stays at least ``KLEIN_TEXT_LAYERS``). The tokenizer is the tiny klein one,
+    every prompt padded to ``max_sequence_length`` tokens.
+
+    ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
+    """
+    device = _device(device)
+    tokenizer = klein_tokenizer()
+    tokenizer.model_max_length = max_sequence_length
+    transformer = build_transformer("flux2-klein", device, dtype, transformer_layers, seed)
+    vae = build_vae("flux2-klein", device, dtype, seed + 1)
+    with _building(device, seed + 2):
+        text_encoder = _finish(qwen3_text_encoder(text_layers, len(tokenizer), tokenizer.pad_token_id,
+                                                  tokenizer.eos_token_id), device, dtype)
+    return Flux2KleinPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_DEV_SCHEDULER),
+                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, is_distilled=True)
+
+
+def zimage_text_encoder(layers: int | None, vocab_size: int, pad_token_id: int | None = None,
+                        eos_token_id: int | None = None) -> Qwen3Model:
+    """Z-Image's Qwen3-4B (no LM head) at real width: ``layers`` deep, at least 2 (the pipeline reads the
+    second-to-last hidden state; None = real depth)."""
+    depth = _depth(QWEN3_4B["num_hidden_layers"], None if layers is None else max(layers, 2))
+    return Qwen3Model(Qwen3Config(**{**QWEN3_4B, "vocab_size": vocab_size, "num_hidden_layers": depth},
+                                  pad_token_id=pad_token_id, eos_token_id=eos_token_id))
+
+
+def z_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+            transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0) -> ZImagePipeline:
+    """A ``ZImagePipeline`` shaped like Z-Image (6B single-stream DiT, FLUX.1's VAE, Qwen3-4B). The tokenizer is
+    the tiny Qwen BPE with Qwen3's chat template, its limit ``max_sequence_length`` tokens."""
+    device = _device(device)
+    tokenizer = zimage_tokenizer()
+    tokenizer.model_max_length = max_sequence_length
+    transformer = build_transformer("z-image", device, dtype, transformer_layers, seed)
+    vae = build_vae("z-image", device, dtype, seed + 1)
+    with _building(device, seed + 2):
+        text_encoder = _finish(zimage_text_encoder(text_layers, len(tokenizer), tokenizer.pad_token_id,
+                                                   tokenizer.eos_token_id), device, dtype)
+    return ZImagePipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER),
+                          vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
 BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35-medium"),
                                               "sd35-large": partial(sd35, "sd35-large"),
-                                              "flux1-dev": flux1_dev, "qwen-image": qwen_image}
+                                              "flux1-dev": flux1_dev, "qwen-image": qwen_image,
+                                              "flux2-klein": flux2_klein, "z-image": z_image}
 
 
 # --- real sizes, from meta builds ---
@@ -395,12 +499,27 @@ def qwen_image_text_encoder_parts(layers: int | None = None) -> dict[str, int]:
             "vision_tower": _count(model.model.visual)}
 
 
+@cache
+def flux2_klein_text_encoders(layers: int | None = None) -> dict[str, int]:
+    """Parameter count of FLUX.2 klein 4B's text encoder (Qwen3-4B, its LM head tied to the embedding) at real
+    width and vocabulary; ``layers`` deep, at least ``KLEIN_TEXT_LAYERS`` (None = real depth)."""
+    return {"text_encoder": _count(_meta(lambda: qwen3_text_encoder(layers, REAL_VOCAB["qwen3"])))}
+
+
+@cache
+def z_image_text_encoders(layers: int | None = None) -> dict[str, int]:
+    """Parameter count of Z-Image's text encoder (Qwen3-4B as ``Qwen3Model``) at real width and vocabulary;
+    ``layers`` deep (None = real depth)."""
+    return {"text_encoder": _count(_meta(lambda: zimage_text_encoder(layers, REAL_VOCAB["qwen3"])))}
+
+
 def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[str, int]:
     """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
     real width and vocabulary."""
     counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
               "flux1-dev": flux1_dev_text_encoders,
-              "qwen-image": qwen_image_text_encoders}
+              "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
+              "z-image": z_image_text_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return counts[family](layers)

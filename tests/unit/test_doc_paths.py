@@ -44,7 +44,9 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "scripts/train_qwenimage_edit_plus.py", "train_sd3.py", "train_sd3_fast.py", "train_flux.py",
             "config/grpo.py", "flow_grpo/ema.py", "flow_grpo/stat_tracking.py", "src/flow_factory/trainers/grpo.py",
             "scripts/train_nft_sd3.py", "train_nft_sd3.py", "config/nft.py", "src/flow_factory/trainers/nft.py",
-            "scripts/train_sd3_GRPO_Guard.py"}
+            "scripts/train_sd3_GRPO_Guard.py", "examples/grpo/lora/flux2_klein/default.yaml",
+            "src/flow_factory/models/flux/flux2_klein.py", "examples/grpo/lora/z_image/default.yaml",
+            "src/flow_factory/models/z_image/z_image.py"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _PLACEHOLDER = re.compile(r"<[\w .:-]*>|\.\.\.")
 

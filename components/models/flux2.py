@@ -1,0 +1,102 @@
+"""FLUX.2 [klein] (4B and 9B, base and distilled): an MMDiT on 2x2-patchified latents of FLUX.2's own VAE,
+conditioned on three stacked hidden layers of a Qwen3 text encoder.
+
+The family's conventions, mapped onto the shared sampler:
+- Guidance is CFG, uncond + s (cond - uncond) without rescaling (the base models); the pipeline's negative is
+  the empty prompt, another ``model.negative_prompt`` reaches its ``__call__`` as embeddings. The distilled
+  models ignore the scale: no guidance at all (``is_distilled`` in model_index.json). No model has a guidance
+  embedding (``guidance_embeds`` false).
+- Every prompt is padded to ``max_sequence_length`` tokens and the transformer sees no text mask, so prompt and
+  negative rows have one length and share one batched forward.
+- The transformer takes timestep = sigma (the pipeline's t / 1000); the schedule is linspace(1, 1/N, N) under the
+  exponential time shift with FLUX.2's empirical mu, which depends on the image tokens and on N.
+- Latents live as the pipeline's ``latents`` argument: (4 x VAE channels, H / 16, W / 16), each 2x2 VAE patch
+  one channel group; the forward flattens them to tokens row by row, as the pipeline packs them. The VAE's
+  batch-norm statistics un-normalise them before decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
+from components.models.config import GuidanceMode
+
+# Flow-Factory's default klein targets (src/flow_factory/models/flux/flux2_klein.py, commit a0b2bc5a): the joint
+# attention, both SwiGLU feed-forwards of the double-stream blocks, and the single-stream blocks' fused QKV + MLP
+# input projection
+FLUX2_LORA_TARGETS = (*JOINT_ATTENTION_TARGETS, "ff.linear_in", "ff.linear_out", "ff_context.linear_in",
+                      "ff_context.linear_out", "attn.to_qkv_mlp_proj")
+
+
+class Flux2KleinModel(FlowMatchingModel):
+    linear_sigmas = True
+    lora_targets = FLUX2_LORA_TARGETS
+    default_max_sequence_length = 512  # the pipeline's, which Flow-Factory keeps
+
+    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
+                 max_sequence_length: int | None = None) -> None:
+        super().__init__(pipeline, device, dtype, negative_prompt, max_sequence_length)
+        self._ids: dict[tuple, torch.Tensor] = {}
+
+    @property
+    def guidance_mode(self) -> GuidanceMode:
+        return "none" if self.pipeline.config.is_distilled else "cfg"
+
+    def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
+        return {"guidance_scale": guidance_scale, "max_sequence_length": self.max_sequence_length}
+
+    def pipeline_inputs(self, prompts: list[str], guidance_scale: float) -> dict:
+        inputs = super().pipeline_inputs(prompts, guidance_scale)
+        if self.negative_prompt and guidance_scale > 1 and self.guidance_mode == "cfg":
+            # the pipeline's own negative is always ""; another comes in as embeddings, one row per prompt
+            negative = self.negative_embeddings()
+            inputs["negative_prompt_embeds"] = negative.expand_to(len(prompts)).tensors["prompt_embeds"]
+        return inputs
+
+    def shift_mu(self, num_steps: int, resolution: int) -> float:
+        from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+        return compute_empirical_mu(self.image_seq_len(resolution), num_steps)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+        embeds, _ = self.pipeline.encode_prompt(prompt=prompts, device=self.device,
+                                                max_sequence_length=self.max_sequence_length)
+        return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype)})
+
+    def latent_shape(self, resolution: int) -> tuple[int, ...]:
+        side = resolution // (self.pipeline.vae_scale_factor * 2)
+        return (self.transformer.config.in_channels, side, side)
+
+    def image_seq_len(self, resolution: int) -> int:
+        _, h, w = self.latent_shape(resolution)
+        return h * w
+
+    def _position_ids(self, kind: str, like: torch.Tensor) -> torch.Tensor:
+        """The pipeline's (T, H, W, L) RoPE coordinates of the image grid or the text, one set for the batch."""
+        key = (kind, *like.shape[1:-1]) if kind == "text" else (kind, *like.shape[2:])
+        if key not in self._ids:
+            make = self.pipeline._prepare_latent_ids if kind == "image" else self.pipeline._prepare_text_ids
+            self._ids[key] = make(like[:1])[0].to(like.device)
+        return self._ids[key]
+
+    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
+        b, c, h, w = latents.shape
+        text = embeds.tensors["prompt_embeds"]
+        out = self.transformer(
+            hidden_states=latents.flatten(2).transpose(1, 2),
+            timestep=torch.full((b,), sigma, device=latents.device, dtype=torch.float32),
+            guidance=None, encoder_hidden_states=text,
+            txt_ids=self._position_ids("text", text), img_ids=self._position_ids("image", latents),
+            return_dict=False,
+        )[0]
+        return out.transpose(1, 2).reshape(b, c, h, w)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.pipeline.vae
+        z = latents.to(vae.dtype)
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(z.dtype)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(z.dtype)
+        image = vae.decode(self.pipeline._unpatchify_latents(z * std + mean), return_dict=False)[0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)
