@@ -50,7 +50,7 @@ class Rollout:
     trajectory: torch.Tensor  # (B, T + 1, *latent) float32: stored step t goes from [:, t] to [:, t + 1]; with no
     # train_steps (T = 0) only the final, clean latent
     log_probs: torch.Tensor  # (B, T) float32
-    images: np.ndarray  # (B, H, W, 3) uint8, what rewards score
+    images: np.ndarray  # (B, H, W, 3) uint8, what rewards score; a video family's (B, F, H, W, 3)
     means: torch.Tensor | None = None  # (B, T, *latent) float32: each stored transition's mean, with keep_means
     levels: list[tuple[float, float]] = field(init=False, repr=False)  # (sigma, sigma_next) per stored step
 
@@ -174,5 +174,6 @@ def ode_images(model: FlowMatchingModel, embeds: PromptEmbeddings, num_steps: in
 
 
 def to_pixels(images: torch.Tensor) -> np.ndarray:
-    """Float (B, 3, H, W) in [0, 1] -> uint8 (B, H, W, 3), rounded as diffusers' image processor does."""
-    return (images.detach().float().clamp(0, 1).permute(0, 2, 3, 1) * 255).round().to(torch.uint8).cpu().numpy()
+    """Float (B, 3, H, W) in [0, 1] -> uint8 (B, H, W, 3), rounded as diffusers' image processor does; videos
+    (B, F, 3, H, W) -> (B, F, H, W, 3)."""
+    return (images.detach().float().clamp(0, 1).movedim(-3, -1) * 255).round().to(torch.uint8).cpu().numpy()

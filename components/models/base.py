@@ -1,6 +1,6 @@
-"""The model adapter: what the trainer needs from a text-to-image flow-matching pipeline.
+"""The model adapter: what the trainer needs from a text-to-image (or text-to-video) flow-matching pipeline.
 
-The trainer only talks to this interface; model families (SD3, FLUX.1, Qwen-Image)
+The trainer only talks to this interface; model families (SD3, FLUX.1, Qwen-Image, Wan)
 implement it in a module of their own (docs/MODELS.md).
 """
 
@@ -105,13 +105,18 @@ class FlowMatchingModel(ABC):
     lora_targets: tuple[str, ...] = JOINT_ATTENTION_TARGETS  # named in error messages
     default_max_sequence_length = 128  # text tokens per prompt when model.max_sequence_length is null
     text_tokenizer = "tokenizer"  # the tokenizer whose limit caps the text length
+    video = False  # latents with a time axis, decoded to frames (B, F, 3, H, W)
 
     def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
-                 max_sequence_length: int | None = None) -> None:
+                 max_sequence_length: int | None = None, num_frames: int = 1) -> None:
         self.pipeline = pipeline
         self.device = device
         self.dtype = dtype
         self.negative_prompt = negative_prompt
+        if num_frames != 1 and not self.video:
+            raise ModelLoadError(f"model.num_frames is {num_frames}, but {type(pipeline).__name__} makes images; "
+                                 "set model.num_frames: 1 (only video families read it)")
+        self.num_frames = num_frames
         self.lora_config: LoraConfig | None = None
         self._negative: PromptEmbeddings | None = None
         limit = getattr(pipeline, self.text_tokenizer).model_max_length
@@ -215,7 +220,7 @@ class FlowMatchingModel(ABC):
         return latents
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images in [0, 1], float32, shape (B, 3, H, W)."""
+        """Images in [0, 1], float32, shape (B, 3, H, W); a video family's frames, (B, F, 3, H, W)."""
         vae = self.pipeline.vae
         z = self._unpack(latents).to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
         image = vae.decode(z, return_dict=False)[0]
@@ -309,6 +314,17 @@ class FlowMatchingModel(ABC):
             transformer_lora_adapter_metadata=self.lora_config.to_dict(),
             safe_serialization=True,
         )
+
+
+def decode_wan_vae(vae, z: torch.Tensor) -> torch.Tensor:
+    """Pixels in [0, 1], float32, (B, 3, F, H, W), of normalised latents (B, C, T, H, W) of Wan's causal 3D VAE
+    (Wan, and Qwen-Image's one frame): each channel un-normalised by the VAE's latents_mean / latents_std."""
+    z = z.to(vae.dtype)
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean, device=z.device, dtype=z.dtype).view(shape)
+    std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(shape)
+    video = vae.decode(z * std + mean, return_dict=False)[0]
+    return (video.float() / 2 + 0.5).clamp(0, 1)
 
 
 class PackedLatentModel(FlowMatchingModel):

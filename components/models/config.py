@@ -35,19 +35,19 @@ class LoRAConfig(Section):
 # check runs then.
 GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
 TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg",
-                                          "tiny-zimage": "cfg", "tiny-flux2": "cfg",
+                                          "tiny-zimage": "cfg", "tiny-flux2": "cfg", "tiny-wan": "cfg",
                                           "shapes-sd3": "cfg"}
 SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position embedding knows no other size
 
 
 class ModelConfig(Section):
-    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "shapes-sd3",
+    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "tiny-wan", "shapes-sd3",
                   "diffusers"] = Field(
         default="tiny-sd3",
-        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein): "
-                    "random pipeline of that family built from config; `shapes-sd3`: the shipped demo model "
-                    "pretrained on drawn shapes (48 px); `diffusers`: load `path` (SD3, FLUX.1, Qwen-Image, Z-Image "
-                    "or FLUX.2 klein, from its model_index.json)",
+        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein) / "
+                    "`tiny-wan` (Wan2.1 text-to-video): random pipeline of that family built from config; "
+                    "`shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); `diffusers`: load "
+                    "`path` (SD3, FLUX.1, Qwen-Image, Z-Image, FLUX.2 klein or Wan2.1, from its model_index.json)",
     )
     path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
     negative_prompt: str = Field(
@@ -56,6 +56,11 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="model weights dtype")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto`: cuda when available")
     resolution: int = Field(default=32, ge=16, le=2048, description="image height and width in pixels")
+    num_frames: int = Field(
+        default=1, ge=1, le=257,
+        description="frames per video of a video family (Wan: (num_frames - 1) divisible by its VAE's time "
+                    "compression, 4); image families make one, and refuse any other number",
+    )
     max_sequence_length: int | None = Field(
         default=None, ge=1, le=4096,
         description="text tokens per prompt (T5 for SD3 and FLUX, Qwen2.5-VL for Qwen-Image, Qwen3 for Z-Image and "

@@ -33,6 +33,7 @@ PIPELINES = {
     "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
     "ZImagePipeline": ("components.models.zimage", "ZImageModel"),
     "Flux2KleinPipeline": ("components.models.flux2", "Flux2KleinModel"),
+    "WanPipeline": ("components.models.wan", "WanModel"),
 }
 TINY = {
     "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
@@ -40,6 +41,7 @@ TINY = {
     "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
     "tiny-zimage": ("components.models.tiny_zimage", "build_tiny_zimage"),
     "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),
+    "tiny-wan": ("components.models.tiny_wan", "build_tiny_wan"),
     "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
 }
 
@@ -93,4 +95,4 @@ def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> Flo
             module.eval().requires_grad_(False)
     pipe.set_progress_bar_config(disable=True)
     return _attr(PIPELINES[type(pipe).__name__])(pipe, device, dtype, config.negative_prompt,
-                                                 config.max_sequence_length)
+                                                 config.max_sequence_length, config.num_frames)

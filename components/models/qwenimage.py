@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from components.models.base import PackedLatentModel, PromptEmbeddings
+from components.models.base import PackedLatentModel, PromptEmbeddings, decode_wan_vae
 
 
 class QwenImageModel(PackedLatentModel):
@@ -50,10 +50,4 @@ class QwenImageModel(PackedLatentModel):
         )[0]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        vae = self.pipeline.vae
-        z = self._unpack(latents).to(vae.dtype)  # (B, C, 1, H, W): one video frame
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean, device=z.device, dtype=z.dtype).view(shape)
-        std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(shape)
-        image = vae.decode(z * std + mean, return_dict=False)[0][:, :, 0]
-        return (image.float() / 2 + 0.5).clamp(0, 1)
+        return decode_wan_vae(self.pipeline.vae, self._unpack(latents))[:, :, 0]  # (B, C, 1, H, W): one frame
