@@ -37,6 +37,7 @@ GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
 TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg",
                                           "tiny-zimage": "cfg", "tiny-flux2": "cfg", "tiny-wan": "cfg",
                                           "shapes-sd3": "cfg"}
+VIDEO_KINDS = ("tiny-wan", "diffusers")  # a diffusers pipeline's adapter checks num_frames when loaded
 SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position embedding knows no other size
 
 
@@ -88,6 +89,9 @@ class ModelConfig(Section):
         if self.kind == "shapes-sd3" and self.resolution != SHAPES_RESOLUTION:
             raise ValueError(f"model.resolution is {self.resolution}, but the shapes-sd3 demo model was trained at "
                              f"{SHAPES_RESOLUTION} px; set model.resolution: {SHAPES_RESOLUTION}")
+        if self.num_frames != 1 and self.kind not in VIDEO_KINDS:
+            raise ValueError(f"model.num_frames is {self.num_frames}, but {self.kind} makes images; set "
+                             f"model.num_frames: 1 (video kinds: {', '.join(VIDEO_KINDS)})")
         if self.resolution % 16:
             raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
         return self

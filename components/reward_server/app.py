@@ -94,7 +94,10 @@ class RewardService:
         if n > limits.max_images:
             raise HTTPException(413, f"{n} images exceed the limit of {limits.max_images} per request")
         if pixels is not None:
-            _check_request_pixels(math.prod(pixels.shape[:3]), limits.max_request_pixels)
+            if len(pixels.shape) == 5 and pixels.shape[1] > limits.max_frames:
+                raise HTTPException(413, f"videos of {pixels.shape[1]} frames exceed the limit of "
+                                         f"{limits.max_frames} frames per video (limits.max_frames)")
+            _check_request_pixels(math.prod(pixels.shape[:-1]), limits.max_request_pixels)
             try:
                 return decode_raw_b64(pixels.data, pixels.shape, limits.max_pixels)
             except ImageDecodeError as exc:
@@ -146,7 +149,8 @@ def _rejected(exc: ImageDecodeError, where: str = "") -> HTTPException:
 def _check_request_pixels(total: int, limit: int) -> None:
     if total > limit:
         raise HTTPException(413, f"the request's images hold {total} pixels in all, over the limit of {limit} "
-                                 "(limits.max_request_pixels); send fewer or smaller images per request")
+                                 "(limits.max_request_pixels, where a video counts every frame); send fewer or "
+                                 "smaller images per request")
 
 
 def _finite_or_none(scores: np.ndarray) -> list[float | None]:

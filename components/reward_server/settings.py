@@ -36,6 +36,11 @@ class Limits(Section):
     )
     max_images: int = Field(default=256, ge=1, description="images per request")
     max_pixels: int = Field(default=4096 * 4096, ge=1, description="pixels per image, checked before decoding")
+    max_frames: int = Field(
+        default=81, ge=1,
+        description="frames per video (Wan2.1's default length); a video's frames count as images against "
+                    "max_request_pixels, so video recipes raise that budget too",
+    )
     max_request_pixels: int = Field(
         default=DEFAULT_REQUEST_PIXELS, ge=1,
         description="pixels of all images of one request, summed from their headers before anything is decoded "

@@ -7,6 +7,8 @@ Three kinds share one call signature, ``reward(images, prompts, metadata) -> Rew
 - ``GroupwiseReward``: sees one prompt group at a time (``kind = "groupwise"``); the caller splits
   the batch by group.
 ``images`` is uint8 (B, H, W, 3); ``metadata`` holds one dict per sample (e.g. ``ground_truth``).
+Videos are uint8 (B, F, H, W, 3): a reward with ``video = True`` scores them whole; any other sees their frames as
+images and a video's score aggregates its frames' (``scoring.score_frames``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Reward(ABC):
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "pointwise"
+    video: ClassVar[bool] = False  # scores whole videos (B, F, H, W, 3) rather than images
 
     @abstractmethod
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:

@@ -6,6 +6,7 @@ import base64
 import binascii
 import contextlib
 import io
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -31,15 +32,17 @@ def encode_raw_b64(images: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(images, dtype=np.uint8).tobytes()).decode("ascii")
 
 
-def decode_raw_b64(data: str, shape: tuple[int, int, int, int], max_pixels: int) -> np.ndarray:
-    """(B, H, W, 3) uint8 from ``encode_raw_b64``. The shape and the data's length are checked before anything is
-    allocated: a client-sent shape such as (1, 0, 2**62, 3) holds no bytes but no array can have it."""
-    b, h, w, c = shape
-    if c != 3 or h < 1 or w < 1:
-        raise ImageDecodeError(f"pixels.shape must be (B, H, W, 3) with H and W at least 1, got {tuple(shape)}")
+def decode_raw_b64(data: str, shape: tuple[int, ...], max_pixels: int) -> np.ndarray:
+    """(B, H, W, 3) uint8 images, or (B, F, H, W, 3) videos, from ``encode_raw_b64``. The shape and the data's
+    length are checked before anything is allocated: a client-sent shape such as (1, 0, 2**62, 3) holds no bytes
+    but no array can have it."""
+    *lead, h, w, c = shape
+    if c != 3 or h < 1 or w < 1 or len(lead) not in (1, 2):
+        raise ImageDecodeError(f"pixels.shape must be (B, H, W, 3) or (B, F, H, W, 3) with H and W at least 1, "
+                               f"got {tuple(shape)}")
     if h * w > max_pixels:
         raise ImageTooLargeError(f"{w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
-    size = b * h * w * c
+    size = math.prod(shape)
     held = len(data) // 4 * 3 - data[-2:].count("=")  # what the base64 decodes to, if valid: known before decoding
     if held != size:
         raise ImageDecodeError(f"pixels.data holds {held} bytes but shape {tuple(shape)} needs {size}")
@@ -47,7 +50,7 @@ def decode_raw_b64(data: str, shape: tuple[int, int, int, int], max_pixels: int)
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ImageDecodeError(f"pixels.data is not valid base64 ({exc})") from exc
-    return np.frombuffer(raw, dtype=np.uint8).reshape(b, h, w, c)
+    return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
 
 
 def image_bytes_b64(data: str) -> bytes:

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from components.config_base import Section
 
 Aggregation = Literal["sum", "gdpo"]
+FrameAggregation = Literal["mean", "min"]
 # Built-in reward names -> their classes' import paths (imported only where scoring happens)
 BUILTIN: dict[str, str] = {
     "brightness": "components.rewards.brightness:Brightness",
@@ -21,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "aesthetic": "components.rewards.clip_models:AestheticScore",
     "vlm_judge": "components.rewards.vlm_judge:VLMJudge",
     "rank": "components.rewards.rank:Rank",
+    "temporal_consistency": "components.rewards.temporal:TemporalConsistency",
 }
 
 
@@ -52,6 +54,9 @@ class RewardSpec(Section):
                                                       "excluding the failed samples")
     timeout_s: float = Field(default=300.0, gt=0, le=86400,  # threading refuses waits past ~9.2e9 s
                              description="seconds one scoring call may take")
+    frames: FrameAggregation = Field(
+        default="mean", description="on videos, how an image reward's per-frame scores make the video's score: "
+                                    "`mean`, or `min` (the worst frame); video rewards score the whole video")
 
     @property
     def key(self) -> str:

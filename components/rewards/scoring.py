@@ -17,7 +17,7 @@ import numpy as np
 
 from components.errors import RewardError
 from components.rewards.base import Reward, RewardOutput
-from components.rewards.config import RewardSpec
+from components.rewards.config import FrameAggregation, RewardSpec
 from components.rewards.registry import RewardCache
 
 WORKERS_PER_REWARD = 4
@@ -35,9 +35,12 @@ class Scorer(Protocol):
 
 
 def call_reward(reward: Reward, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-                group_ids: Sequence[int]) -> RewardOutput:
-    """One reward on one batch; a groupwise reward is called once per group. Never raises."""
+                group_ids: Sequence[int], frames: FrameAggregation = "mean") -> RewardOutput:
+    """One reward on one batch; a groupwise reward is called once per group; an image reward on videos
+    (B, F, H, W, 3) scores their frames, aggregated by ``frames``. Never raises."""
     n = len(images)
+    if images.ndim == 5 and not reward.video:
+        return score_frames(reward, images, prompts, metadata, group_ids, frames)
     try:
         if reward.kind == "groupwise":
             out = RewardOutput(scores=np.full(n, np.nan), errors=[None] * n)
@@ -55,6 +58,23 @@ def call_reward(reward: Reward, images: np.ndarray, prompts: list[str], metadata
         return out
     except Exception as exc:  # recorded as a failure of every sample of the batch
         return RewardOutput.all_failed(n, f"{type(exc).__name__}: {exc}")
+
+
+def score_frames(reward: Reward, videos: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                 group_ids: Sequence[int], frames: FrameAggregation) -> RewardOutput:
+    """An image reward on videos (B, F, H, W, 3): every frame scored as an image of its video's prompt (and
+    group), a video's score the mean or the min of its frames'; a failed frame fails its video."""
+    b, f = videos.shape[:2]
+    out = call_reward(reward, videos.reshape(b * f, *videos.shape[2:]), [p for p in prompts for _ in range(f)],
+                      [m for m in metadata for _ in range(f)], [g for g in group_ids for _ in range(f)])
+    per_frame = out.scores.reshape(b, f)
+    scores = per_frame.mean(axis=1) if frames == "mean" else per_frame.min(axis=1)  # NaN where a frame failed
+    errors: list[str | None] = []
+    for i in range(b):
+        failed = [(j, e) for j, e in enumerate(out.errors[i * f:(i + 1) * f]) if e is not None]
+        errors.append(f"frame {failed[0][0]} of {f}: {failed[0][1]}" if failed else None)
+    extra = {k: [v[i * f:(i + 1) * f] for i in range(b)] for k, v in out.extra.items()}  # per video, frame lists
+    return RewardOutput(scores=scores, errors=errors, extra=extra)
 
 
 def _check_length(out: RewardOutput, n: int) -> None:
@@ -127,7 +147,8 @@ class RewardSet:
     def call(self, key: str, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
              group_ids: Sequence[int]) -> RewardOutput:
         timeout = self.specs[key].timeout_s
-        future = self._workers[key].submit(call_reward, self.rewards[key], images, prompts, metadata, group_ids)
+        future = self._workers[key].submit(call_reward, self.rewards[key], images, prompts, metadata, group_ids,
+                                           self.specs[key].frames)
         try:
             return future.result(timeout=timeout)
         except cf.TimeoutError:

@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validat
 class RawPixels(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    shape: tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt] = Field(
-        description="(images, height, width, 3)")
+    shape: (tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt]
+            | tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt]) = Field(
+        description="(images, height, width, 3), or (videos, frames, height, width, 3)")
     data: str = Field(description="base64 of the uint8 pixels in C order")
 
 
@@ -21,7 +22,7 @@ class ScoreRequest(BaseModel):
     prompts: list[str] = Field(description="one prompt per image")
     images: list[str] = Field(default_factory=list, description="base64 PNG or JPEG (a data URL is accepted)")
     pixels: RawPixels | None = Field(default=None, description="instead of `images`: raw pixels of equally "
-                                                               "sized images (what the trainer sends)")
+                                                               "sized images or videos (what the trainer sends)")
     metadata: list[dict[str, Any]] | None = Field(default=None, description="per-sample fields, e.g. ground_truth")
     group_ids: list[int] | None = Field(default=None, description="prompt group of each sample (groupwise "
                                                                    "rewards); default: one group")

@@ -1,7 +1,9 @@
-"""Sample image grids: one tile per prompt, captioned with the prompt and its reward."""
+"""Sample image grids: one tile per prompt, captioned with the prompt and its reward; videos as animated WebP
+beside a still grid of their first, middle and last frames."""
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
@@ -12,6 +14,7 @@ CAPTION_LINES = 3
 LINE_HEIGHT = 12
 BACKGROUND = (255, 255, 255)
 TEXT = (0, 0, 0)
+FRAME_MS = 125  # 8 frames per second: the few frames of a training video stay visible
 
 
 def _wrap(text: str, width_chars: int, lines: int) -> list[str]:
@@ -35,14 +38,35 @@ def tile_size(image_size: int) -> int:
     return image_size * max(1, math.ceil(MIN_TILE / image_size))
 
 
+def key_frames(videos: np.ndarray) -> np.ndarray:
+    """(N, F, H, W, 3) videos -> (N, H, 3 W, 3): each video's first, middle and last frames side by side."""
+    f = videos.shape[1]
+    return np.concatenate([videos[:, 0], videos[:, f // 2], videos[:, f - 1]], axis=2)
+
+
+def animated_webp(video: np.ndarray) -> bytes:
+    """(F, H, W, 3) uint8 -> a lossless, looping animated WebP (Pillow writes it: no ffmpeg), scaled up as the
+    grid's tiles are."""
+    _, h, w, _ = video.shape
+    frames = [Image.fromarray(f).resize((tile_size(w), tile_size(h)), Image.Resampling.NEAREST) for f in video]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="WEBP", save_all=True, append_images=frames[1:], duration=FRAME_MS, loop=0,
+                   lossless=True)
+    return buffer.getvalue()
+
+
 def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], label: str = "reward") -> np.ndarray:
     """(N, H, W, 3) uint8 images -> one uint8 grid image; each tile is the image scaled up by an integer
-    factor (nearest) with "prompt" and "<label> <reward>" lines under it."""
+    factor (nearest) with "prompt" and "<label> <reward>" lines under it. Videos (N, F, H, W, 3) tile their
+    first, middle and last frames (``key_frames``)."""
+    if images.ndim == 5:
+        images = key_frames(images)
     n, h, w, _ = images.shape
     if not (n == len(prompts) == len(rewards)) or n == 0:
         raise ValueError(f"sample_grid needs as many prompts and rewards as images, got {n}/{len(prompts)}/"
                          f"{len(rewards)}")
-    th, tw = tile_size(h), tile_size(w)
+    scale = tile_size(min(h, w)) // min(h, w)  # one factor for both sides: a key-frame strip keeps its aspect
+    th, tw = h * scale, w * scale
     caption_h = (CAPTION_LINES + 1) * LINE_HEIGHT + 4
     cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)

@@ -1,0 +1,252 @@
+"""The Wan2.1 text-to-video adapter on its tiny twin, and video through the rest of the product: the pipeline's own
+sampling, exact re-scoring, the log-prob over the time axis against a float64 transcription, image rewards per
+frame, the temporal reward, the reward server's frame budget, and the samples."""
+
+import copy
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from servers import running_server
+
+from components.errors import ModelLoadError
+from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flowgrpo.sde import euler_step
+from components.models.config import ModelConfig
+from components.models.loading import load_model
+from components.models.tiny_wan import build_tiny_wan
+from components.reward_server.settings import Limits, ServerSettings
+from components.rewards.base import PointwiseReward
+from components.rewards.codec import encode_raw_b64
+from components.rewards.config import RewardSpec
+from components.rewards.scoring import RewardSet, call_reward
+from components.rewards.temporal import TemporalConsistency
+from components.trainer.samples import animated_webp, key_frames, sample_grid
+from pipeline.config import CONFIG_DIR, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+FRAMES, G = 5, 4.0
+LONG_PROMPT = "a dog on a red sofa in a sunny room with a green plant, a wooden floor and a small blue book"
+
+
+def _model(seed: int = 0):
+    config = load_config(CONFIG_DIR / "tiny-wan-cpu.yaml", [f"seed={seed}"])
+    model = load_model(config.model, seed)
+    torch.manual_seed(seed)
+    return model, model.add_lora(config.model.lora)
+
+
+def test_tiny_wan_is_deterministic_per_seed_and_latents_keep_a_time_axis():
+    def state(pipe):
+        return {f"{m}.{k}": v for m in ("transformer", "vae", "text_encoder")
+                for k, v in getattr(pipe, m).state_dict().items()}
+
+    a, b, c = state(build_tiny_wan(32, 0)), state(build_tiny_wan(32, 0)), state(build_tiny_wan(32, 1))
+    assert all(torch.equal(a[k], b[k]) for k in a) and any(not torch.equal(a[k], c[k]) for k in a)
+    model, _ = _model()
+    assert model.latent_shape(32) == (16, 3, 8, 8)  # 5 frames -> 1 + 4 / 2 latent frames, 32 px / 4
+    assert model.image_seq_len(32) == 3 * 4 * 4
+
+
+def test_ode_sampling_through_the_adapter_matches_wan_pipelines_own_call():
+    """Schedule, timestep, CFG against the negative prompt, the time axis and the VAE's un-normalisation as
+    WanPipeline.__call__ does them, frame for frame."""
+    model, _ = _model()
+    steps, prompts = 4, ["a cat", "a red apple on a table"]
+    noise = torch.randn(2, *model.latent_shape(32), generator=torch.Generator().manual_seed(3))
+    out = model.pipeline(height=32, width=32, num_inference_steps=steps, latents=noise.clone(), output_type="np",
+                         **model.pipeline_inputs(prompts, G)).frames
+    sigmas, cond, x = model.sigmas(steps, 32), model.encode_prompts(prompts), noise
+    assert torch.allclose(model.pipeline.scheduler.sigmas.float(), sigmas)
+    with torch.no_grad():
+        for i in range(steps):
+            x = euler_step(model.predict_velocity(x, float(sigmas[i]), cond, G), float(sigmas[i]),
+                           float(sigmas[i + 1]), x)
+        ours = model.decode(x)
+    assert ours.shape == (2, FRAMES, 3, 32, 32)
+    np.testing.assert_allclose(ours.permute(0, 1, 3, 4, 2).numpy(), out, atol=2e-4)
+    unguided = model.pipeline(height=32, width=32, num_inference_steps=steps, latents=noise.clone(),
+                              output_type="np", **model.pipeline_inputs(prompts, 1.0)).frames
+    assert np.abs(unguided - out).max() > 1e-3
+    assert np.abs(out[:, 0] - out[:, -1]).max() > 1e-3  # the frames are not one image repeated
+
+
+@pytest.mark.parametrize(("guidance", "sde_type", "window"), [(G, "sde", None), (1.0, "cps", (1, 2))])
+def test_rescoring_a_stored_video_trajectory_gives_ratio_exactly_one(guidance, sde_type, window):
+    model, params = _model()
+    sde, train = plan_steps(4, 0.99 if window is None else 1.0, window)
+    st = SamplerSettings(4, guidance, 0.7, sde_type, 32, sde, train)
+    rollout = sample_rollout(model, ["a cat", LONG_PROMPT], 4, 8, st, torch.Generator().manual_seed(0))
+    assert rollout.trajectory.shape[2:] == (16, 3, 8, 8) and rollout.images.shape == (8, FRAMES, 32, 32, 3)
+    shuffled = torch.randperm(8, generator=torch.Generator().manual_seed(1))
+    for idx in (torch.arange(8), shuffled, shuffled[:4]):
+        for t in range(len(st.train_steps)):
+            log_prob, _, _ = step_log_prob(model, rollout, idx, t, st, guidance)
+            ratio = torch.exp(log_prob - rollout.log_probs[idx, t])
+            assert torch.equal(ratio, torch.ones_like(ratio)), (idx.tolist(), t)
+    with torch.no_grad():
+        for p in params:
+            p.add_(0.05)
+    log_prob, _, _ = step_log_prob(model, rollout, torch.arange(8), 0, st, guidance)
+    assert not torch.equal(log_prob, rollout.log_probs[:, 0])
+
+
+def test_step_log_prob_over_the_time_axis_equals_a_float64_transcription():
+    """Timestep 1000 sigma, CFG uncond + w (cond - uncond) against the empty prompt, the SDE step, and the
+    log-density averaged over C, T, H and W: each written out again in float64. The log-prob of the first latent
+    frame alone is far off, so the comparison tells a mean that missed the time axis apart."""
+    model, params = _model()
+    with torch.no_grad():
+        for p in params:  # the LoRA's B starts at zero: make it count
+            p.add_(0.05)
+    steps, noise_level = 4, 0.7
+    sde, train = plan_steps(steps, 0.99, None)
+    st = SamplerSettings(steps, G, noise_level, "sde", 32, sde, train)
+    prompts = ["a cat", LONG_PROMPT]
+    rollout = sample_rollout(model, prompts, 2, 4, st, torch.Generator().manual_seed(0))
+    transformer = copy.deepcopy(model.transformer).double()
+    text = {p: model.pipeline.encode_prompt([p], do_classifier_free_guidance=False, device="cpu",
+                                            max_sequence_length=model.max_sequence_length)[0].double()
+            for p in [*prompts, ""]}
+    tol = 2e-5
+    for t in range(len(st.train_steps)):
+        sigma, sigma_next = rollout.levels[t]
+        x, prev = rollout.trajectory[:, t].double(), rollout.trajectory[:, t + 1].double()
+        with torch.no_grad():
+            def v_of(prompt: str, rows: torch.Tensor) -> torch.Tensor:
+                return transformer(hidden_states=rows, timestep=torch.full((len(rows),), 1000 * sigma).double(),
+                                   encoder_hidden_states=text[prompt].expand(len(rows), -1, -1),
+                                   return_dict=False)[0]
+
+            cond = torch.cat([v_of(rollout.prompts[int(k)], x[i:i + 1]) for i, k in enumerate(rollout.prompt_index)])
+            v = v_of("", x) + G * (cond - v_of("", x))
+        dt = sigma_next - sigma
+        std = noise_level * math.sqrt(sigma / (1 - (sigma_next if sigma == 1 else sigma)))
+        mean = x * (1 + std**2 / (2 * sigma) * dt) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt
+        density = torch.distributions.Normal(mean, std * math.sqrt(-dt)).log_prob(prev)
+        expected = density.mean(dim=(1, 2, 3, 4))
+        with torch.no_grad():
+            log_prob, our_mean, _ = step_log_prob(model, rollout, torch.arange(4), t, st, G)
+        assert (our_mean.double() - mean).abs().max() < tol, t
+        np.testing.assert_allclose(log_prob.double().numpy(), expected.numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(rollout.log_probs[:, t].double().numpy(), expected.numpy(), rtol=tol, atol=tol)
+        first_frame = density[:, :, 0].mean(dim=(1, 2, 3))
+        assert (first_frame - expected).abs().max() > 100 * tol, t
+
+
+def test_num_frames_is_checked_against_the_vae_and_refused_by_image_families():
+    with pytest.raises(ModelLoadError, match=r"model\.num_frames is 4; Wan's VAE needs \(num_frames - 1\) "
+                                             r"divisible by 2: use 3 or 5"):
+        load_model(ModelConfig(kind="tiny-wan", num_frames=4), 0)
+    with pytest.raises(ValueError, match=r"model\.num_frames is 5, but tiny-sd3 makes images"):
+        ModelConfig(kind="tiny-sd3", num_frames=5)
+
+
+def _gray_video(levels: list[int], side: int = 4) -> np.ndarray:
+    return np.stack([np.full((side, side, 3), v, np.uint8) for v in levels])
+
+
+class _FailsOnBright(PointwiseReward):
+    """Brightness in [0, 255] units; raises on a frame brighter than 200."""
+
+    def score(self, image: np.ndarray, prompt: str, metadata: dict) -> float:
+        if image.ndim != 3:
+            raise ValueError(f"an image reward got shape {image.shape}")
+        level = float(image.mean())
+        if level > 200:
+            raise ValueError("too bright")
+        return level
+
+
+def test_an_image_reward_scores_every_frame_and_aggregates_by_mean_or_min():
+    videos = np.stack([_gray_video([0, 51, 102]), _gray_video([255, 255, 255]), _gray_video([10, 250, 30])])
+    prompts, meta = ["a", "b", "c"], [{}, {}, {}]
+    reward = _FailsOnBright()
+    mean = call_reward(reward, videos[:1], prompts[:1], meta[:1], [0], frames="mean")
+    low = call_reward(reward, videos[:1], prompts[:1], meta[:1], [0], frames="min")
+    assert mean.scores.tolist() == [51.0] and low.scores.tolist() == [0.0]  # (0 + 51 + 102) / 3; min 0
+    both = call_reward(reward, videos, prompts, meta, [0, 1, 2], frames="mean")
+    assert both.scores[0] == 51.0 and np.isnan(both.scores[1:]).all()
+    assert both.errors == [None, "frame 0 of 3: ValueError: too bright", "frame 1 of 3: ValueError: too bright"]
+    # brightness (BT.601 luma of grey = the grey level) through a RewardSet configured per reward
+    rewards = RewardSet([RewardSpec(name="brightness"), RewardSpec(name="brightness", label="worst", frames="min")])
+    out = rewards.score(videos[:1], prompts[:1], meta[:1], [0], ["brightness", "worst"])
+    rewards.close()
+    assert out["brightness"].scores[0] == pytest.approx(51 / 255) and out["worst"].scores[0] == 0.0
+
+
+def test_temporal_consistency_is_one_minus_the_mean_frame_change():
+    reward = TemporalConsistency()
+    ramp = [0, 10, 20, 30]
+    assert reward.score(_gray_video([90] * 4), "", {}) == 1.0  # a static video: the maximum
+    assert reward.score(_gray_video(ramp), "", {}) == pytest.approx(1 - 10 / 255)
+    # the same frames shuffled: changes 20, 10, 20
+    assert reward.score(_gray_video([0, 20, 10, 30]), "", {}) == pytest.approx(1 - (50 / 3) / 255)
+    rng = np.random.default_rng(0)
+    smooth = np.stack([np.roll(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), k, axis=1) for k in range(6)])
+    frames = np.abs(np.diff(smooth.astype(np.float64) / 255, axis=0)).mean()
+    assert reward.score(smooth, "", {}) == pytest.approx(1 - frames)
+    out = call_reward(reward, _gray_video(ramp)[None], ["a"], [{}], [0])
+    assert out.scores[0] == pytest.approx(1 - 10 / 255)
+    image = call_reward(reward, _gray_video(ramp), ["a"] * 4, [{}] * 4, [0] * 4)
+    assert image.failed == 4 and "expected a video (F, H, W, 3)" in image.errors[0]
+
+
+def test_the_reward_server_scores_videos_within_its_frame_and_pixel_budget():
+    limits = Limits(max_frames=8, max_pixels=16 * 16, max_request_pixels=2 * 8 * 16 * 16)
+    settings = ServerSettings(rewards=[RewardSpec(name="brightness", frames="min"),
+                                       RewardSpec(name="temporal_consistency")], limits=limits)
+    videos = np.stack([np.stack([np.full((16, 16, 3), 30 * f + v, np.uint8) for f in range(8)]) for v in (0, 5)])
+
+    def body(v: np.ndarray) -> dict:
+        return {"prompts": ["a"] * len(v), "pixels": {"shape": list(v.shape), "data": encode_raw_b64(v)}}
+
+    with running_server(settings) as url:
+        ok = httpx.post(f"{url}/v1/score", json=body(videos), timeout=30)
+        frames = np.concatenate([videos, videos[:, :1]], axis=1)  # 9 frames
+        too_long = httpx.post(f"{url}/v1/score", json=body(frames[:1]), timeout=30)
+        too_many = httpx.post(f"{url}/v1/score", json=body(np.concatenate([videos, videos[:1]])), timeout=30)
+    assert ok.status_code == 200, ok.text
+    results = ok.json()["results"]
+    assert results["brightness"]["scores"] == pytest.approx([0.0, 5 / 255])  # the first frame's grey
+    assert results["temporal_consistency"]["scores"] == pytest.approx([1 - 30 / 255] * 2)
+    assert too_long.status_code == 413
+    assert too_long.json()["detail"] == "videos of 9 frames exceed the limit of 8 frames per video (limits.max_frames)"
+    assert too_many.status_code == 413 and "limits.max_request_pixels" in too_many.json()["detail"]
+
+
+def test_video_samples_are_animated_webp_beside_a_grid_of_first_middle_and_last_frames():
+    videos = np.stack([_gray_video([0, 60, 120, 180, 240], side=32), _gray_video([9] * 5, side=32)])
+    strip = key_frames(videos)
+    assert strip.shape == (2, 32, 96, 3)
+    assert [int(strip[0, 0, x, 0]) for x in (0, 32, 64)] == [0, 120, 240]
+    assert sample_grid(videos, ["a", "b"], [0.5, 0.7]).shape[1] == 2 * 96 * 4  # 2 tiles of 4x the strip
+    with Image.open(io.BytesIO(animated_webp(videos[0]))) as im:
+        assert im.format == "WEBP" and im.n_frames == 5 and im.size == (128, 128)
+        levels = []
+        for i in range(im.n_frames):
+            im.seek(i)
+            levels.append(int(np.asarray(im.convert("RGB"))[0, 0, 0]))
+    assert levels == [0, 60, 120, 180, 240]
+
+
+@pytest.mark.slow
+def test_tiny_wan_config_learns_temporal_consistency(tmp_path):
+    """The acceptance criterion of the other tiny configs: last-3-epoch mean > first mean + first std / 2."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config",
+                           str(CONFIG_DIR / "tiny-wan-cpu.yaml"), "--output", str(tmp_path), "train.epochs=20"],
+                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
+    assert sum(last3) / 3 > first["reward/mean"] + first["reward/std"] / 2, (first, last3)
+    assert "LEARNED" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000020-*.webp"))
