@@ -116,18 +116,20 @@ def test_step_log_prob_over_the_time_axis_equals_a_float64_transcription():
     text = {p: model.pipeline.encode_prompt([p], do_classifier_free_guidance=False, device="cpu",
                                             max_sequence_length=model.max_sequence_length)[0].double()
             for p in [*prompts, ""]}
+
+    @torch.no_grad()
+    def v_of(prompt: str, rows: torch.Tensor, sigma: float) -> torch.Tensor:
+        return transformer(hidden_states=rows, timestep=torch.full((len(rows),), 1000 * sigma).double(),
+                           encoder_hidden_states=text[prompt].expand(len(rows), -1, -1), return_dict=False)[0]
+
     tol = 2e-5
     for t in range(len(st.train_steps)):
         sigma, sigma_next = rollout.levels[t]
         x, prev = rollout.trajectory[:, t].double(), rollout.trajectory[:, t + 1].double()
-        with torch.no_grad():
-            def v_of(prompt: str, rows: torch.Tensor) -> torch.Tensor:
-                return transformer(hidden_states=rows, timestep=torch.full((len(rows),), 1000 * sigma).double(),
-                                   encoder_hidden_states=text[prompt].expand(len(rows), -1, -1),
-                                   return_dict=False)[0]
-
-            cond = torch.cat([v_of(rollout.prompts[int(k)], x[i:i + 1]) for i, k in enumerate(rollout.prompt_index)])
-            v = v_of("", x) + G * (cond - v_of("", x))
+        cond = torch.cat([v_of(rollout.prompts[int(k)], x[i:i + 1], sigma)
+                          for i, k in enumerate(rollout.prompt_index)])
+        uncond = v_of("", x, sigma)
+        v = uncond + G * (cond - uncond)
         dt = sigma_next - sigma
         std = noise_level * math.sqrt(sigma / (1 - (sigma_next if sigma == 1 else sigma)))
         mean = x * (1 + std**2 / (2 * sigma) * dt) + v * (1 + std**2 * (1 - sigma) / (2 * sigma)) * dt
