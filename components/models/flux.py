@@ -17,9 +17,8 @@ class FluxModel(PackedLatentModel):
     default_max_sequence_length = 128
     text_tokenizer = "tokenizer_2"
 
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
-                 max_sequence_length: int | None = None) -> None:
-        super().__init__(pipeline, device, dtype, negative_prompt, max_sequence_length)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._img_ids: dict[int, torch.Tensor] = {}
 
     @property

@@ -34,9 +34,8 @@ class Flux2KleinModel(FlowMatchingModel):
     lora_targets = FLUX2_LORA_TARGETS
     default_max_sequence_length = 512  # the pipeline's, which Flow-Factory keeps
 
-    def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
-                 max_sequence_length: int | None = None) -> None:
-        super().__init__(pipeline, device, dtype, negative_prompt, max_sequence_length)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self._ids: dict[tuple, torch.Tensor] = {}
 
     @property
