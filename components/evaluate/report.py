@@ -1,4 +1,5 @@
-"""The evaluation report: one self-contained HTML page (no scripts, no network, images inlined as PNG)."""
+"""The evaluation report: one self-contained HTML page (no scripts, no network, images inlined as PNG, videos as
+animated WebP)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from components.trainer.samples import animated_webp, key_frames
+
 
 @dataclass
 class PromptResult:
@@ -20,7 +23,7 @@ class PromptResult:
 
     prompt: str
     seed: int
-    base_images: list[np.ndarray]  # each (H, W, 3) uint8
+    base_images: list[np.ndarray]  # each (H, W, 3) uint8, or a video (F, H, W, 3)
     lora_images: list[np.ndarray]
     base_scores: dict[str, list[float]]  # reward key -> one score per image (NaN = the reward failed)
     lora_scores: dict[str, list[float]]
@@ -56,6 +59,7 @@ figure { margin: 0; }
 figcaption { font-size: 0.8em; font-family: monospace; }
 /* Eval images may be tiny (32 px on the tiny model): upscale without blurring so pixels stay visible. */
 img.sample { image-rendering: pixelated; min-width: 128px; max-width: 256px; height: auto; display: block; }
+img.strip { max-width: 768px; }
 .muted { color: #868e96; }
 .few-prompts { color: #e67700; font-weight: bold; }
 """
@@ -298,12 +302,22 @@ def _png_data_uri(image: np.ndarray) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _sample_img(alt: str, image: np.ndarray) -> str:
+    """An image; a video (F, H, W, 3) as a looping animated WebP beside a still of its first, middle and last
+    frames (inline, as the page's images are: the report is one self-contained file)."""
+    if np.ndim(image) != 4:
+        return f'<img class="sample" alt="{_e(alt)}" src="{_png_data_uri(image)}">'
+    webp = base64.b64encode(animated_webp(image)).decode("ascii")
+    return (f'<img class="sample" alt="{_e(alt)} (video)" src="data:image/webp;base64,{webp}">'
+            f'<img class="sample strip" alt="{_e(alt)}: first, middle and last frames" '
+            f'src="{_png_data_uri(key_frames(image[None])[0])}">')
+
+
 def _side(label: str, images: list[np.ndarray], scores: dict[str, list[float]], keys: list[str]) -> str:
     figures = []
     for i, image in enumerate(images):
         caption = "<br>".join(f"{_e(k)} {_num(scores[k][i]) if k in scores else 'n/a'}" for k in keys)
-        figures.append(f'<figure><img class="sample" alt="{_e(label)} {i}" src="{_png_data_uri(image)}">'
-                       f"<figcaption>{caption}</figcaption></figure>")
+        figures.append(f"<figure>{_sample_img(f'{label} {i}', image)}<figcaption>{caption}</figcaption></figure>")
     return f'<div><b>{_e(label)}</b><div class="images">{"".join(figures)}</div></div>'
 
 

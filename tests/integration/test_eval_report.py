@@ -284,3 +284,23 @@ def test_heldout_curves_start_at_the_base_value_and_follow_the_epochs_they_were_
     assert "epoch 0" in "".join(parsed.text)
     assert "held-out" not in page.replace("held-out geneval", "")  # no chart for anything else
     assert "held-out" not in render_report(DEMO_SUMMARY, [], HISTORY, title="t")  # none recorded: none drawn
+
+
+def test_a_video_is_inlined_as_a_lossless_animated_webp_beside_its_first_middle_and_last_frames():
+    rng = np.random.default_rng(0)
+    videos = [rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8) for _ in range(2)]
+    result = PromptResult(prompt="a cat walking", seed=1, base_images=videos[:1], lora_images=videos[1:],
+                          base_scores={"ocr": [0.1]}, lora_scores={"ocr": [0.2]})
+    srcs = Page(render_report(SUMMARY, [result], [], title="t")).values("img", "src")
+    webps = [s for s in srcs if s.startswith("data:image/webp;base64,")]
+    strips = [decode_png(s) for s in srcs if s.startswith("data:image/png")]
+    assert len(webps) == len(strips) == 4  # base and LoRA, in the wins list and in the full list
+    for webp, strip, video in zip(webps, strips, videos * 2, strict=True):
+        with Image.open(io.BytesIO(base64.b64decode(webp.partition(",")[2]))) as im:
+            assert im.n_frames == 5
+            frames = []
+            for i in range(im.n_frames):
+                im.seek(i)
+                frames.append(np.asarray(im.convert("RGB"))[::4, ::4])  # scaled up 4x, nearest
+        assert np.array_equal(np.stack(frames), video)
+        assert np.array_equal(strip, np.concatenate([video[0], video[2], video[4]], axis=1))
