@@ -26,9 +26,9 @@ def load_with_lora(model_config: ModelConfig, seed: int, lora_dir: Path | None) 
 
 def generate(model: FlowMatchingModel, prompts: list[str], *, resolution: int, num_steps: int,
              guidance_scale: float, seed: int) -> np.ndarray:
-    """(N, H, W, 3) uint8 images, deterministic for ``seed``."""
+    """(N, H, W, 3) uint8 images, deterministic for ``seed``; a video family's (N, F, H, W, 3) frames."""
     generator = torch.Generator(model.device).manual_seed(seed)
     with torch.no_grad():
         out = model.pipeline(height=resolution, width=resolution, num_inference_steps=num_steps,
                              generator=generator, output_type="np", **model.pipeline_inputs(prompts, guidance_scale))
-    return (np.clip(out.images, 0, 1) * 255).round().astype(np.uint8)
+    return (np.clip(out.frames if model.video else out.images, 0, 1) * 255).round().astype(np.uint8)
