@@ -2,8 +2,9 @@
 
     python tests/benchmarks/bench_memory.py
         [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr,flux2-klein-pickscore,
-                   zimage-pickscore]
-        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image] [--all-settings]
+                   zimage-pickscore,wan21-t2v-1.3b-pickscore]
+        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b]
+        [--all-settings]
         [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
 1. Estimated, every machine: each recipe at real shape (random weights, fake tensors: no memory, no compute,
@@ -52,7 +53,7 @@ from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 TARGET_GIB = 72.0
 RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
            "qwenimage-ocr": "qwen-image", "flux2-klein-pickscore": "flux2-klein",
-           "zimage-pickscore": "z-image"}
+           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
@@ -77,13 +78,17 @@ def _setting(ckpt: bool, offload: bool, sharding: str) -> str:
 
 def _text_tokens(config: ExperimentConfig, family: str) -> int:
     """Text tokens per prompt row: Qwen-Image's and Z-Image's own prompt length; SD3's 77 CLIP + the T5 length;
-    FLUX's T5; FLUX.2 klein's padded Qwen3 length."""
+    FLUX's T5; FLUX.2 klein's padded Qwen3 length; Wan's padded UMT5 length."""
     if family in ("qwen-image", "z-image"):
         return QWEN_PROMPT_TOKENS
     if family == "flux2-klein":
         from components.models.flux2 import Flux2KleinModel
 
         return config.model.max_sequence_length or Flux2KleinModel.default_max_sequence_length
+    if family == "wan21-1.3b":
+        from components.models.wan import WanModel
+
+        return config.model.max_sequence_length or WanModel.default_max_sequence_length
     from components.models.flux import FluxModel
     from components.models.sd3 import SD3Model
 
@@ -109,7 +114,8 @@ def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: boo
     return memory_estimate.estimate(
         family, sample_cfg=s.guidance_scale > 1, train_cfg=t.train_cfg, lora_rank=lora.rank,
         lora_alpha=lora.alpha, lora_targets=tuple(lora.target_modules), gradient_checkpointing=ckpt,
-        offload_text_encoders=offload, shard_world=world, beta=t.beta, text_layers=text_layers, **sizes,
+        offload_text_encoders=offload, shard_world=world, beta=t.beta, text_layers=text_layers,
+        num_frames=config.model.num_frames, **sizes,
     )
 
 

@@ -49,6 +49,7 @@ from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, P
 from components.models.config import LoRAConfig
 from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
+from components.models.wan import WanModel
 from components.models.zimage import ZImageModel
 
 GIB = 2**30
@@ -73,6 +74,7 @@ FAMILIES: dict[str, Family] = {
     "qwen-image": Family(100, 6),
     "flux2-klein": Family(512, 512),  # every prompt, the empty negative too, padded to the Qwen3 length
     "z-image": Family(100, 8),  # the prompt's own length; the empty negative is the chat template's 8 tokens
+    "wan21-1.3b": Family(226, 226),  # every prompt, the empty negative too, padded to the UMT5 length
 }
 
 
@@ -183,14 +185,14 @@ def adapter_class(pipeline) -> type[FlowMatchingModel]:
 
 
 def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype = torch.bfloat16,
-               transformer_layers: int | None = None) -> FlowMatchingModel:
+               transformer_layers: int | None = None, num_frames: int = 1) -> FlowMatchingModel:
     """The family's adapter on the real-shape pipeline (``transformer_layers`` blocks; None = real depth), LoRA
-    attached, transformer and VAE fakes of ``mode``.
+    attached, transformer and VAE fakes of ``mode``; a video family's of ``num_frames`` frames.
 
     Built and adapted on the meta device first: casting or moving fake parameters fails ("Couldn't swap").
     """
     pipeline = real_shapes.BUILDERS[family](device="meta", dtype=dtype, transformer_layers=transformer_layers)
-    model = adapter_class(pipeline)(pipeline, torch.device("cpu"), dtype, "")
+    model = adapter_class(pipeline)(pipeline, torch.device("cpu"), dtype, "", num_frames=num_frames)
     model.add_lora(LoRAConfig(rank=lora.rank, alpha=lora.alpha, init="gaussian", target_modules=list(lora.targets)))
     with mode:
         _fakeify(pipeline.transformer, lora.dtype)
@@ -200,7 +202,8 @@ def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype
 
 def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int) -> PromptEmbeddings:
     """Embeddings as the adapter's ``encode_prompts`` returns them: the text states in the model's dtype, with
-    the pooled CLIP projection (SD3, FLUX.1), the text mask (Qwen-Image, Z-Image) or nothing else (FLUX.2 klein).
+    the pooled CLIP projection (SD3, FLUX.1), the text mask (Qwen-Image, Z-Image) or nothing else (FLUX.2 klein,
+    Wan).
 
     The mask is real and all ones: nothing padded, so ``_forward`` takes the unmasked path, as for one prompt.
     """
@@ -208,6 +211,8 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
     if isinstance(model, ZImageModel):  # captions of cap_feat_dim, their lengths in the mask
         return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.cap_feat_dim), model.dtype),
                                  "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
+    if isinstance(model, WanModel):  # UMT5 states of text_dim, padded with zeros, no mask
+        return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)})
     text = _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)
     if isinstance(model, QwenImageModel):
         return PromptEmbeddings({"prompt_embeds": text,
@@ -275,6 +280,7 @@ class Workload:
     train_cfg: bool
     checkpointing: bool
     beta: float
+    num_frames: int = 1
 
     def sampler(self) -> SamplerSettings:
         """One SDE step, stored for training; the sampling scale only when it guides."""
@@ -404,7 +410,7 @@ def estimate(
     lora_rank: int = 32, lora_alpha: float = 64.0, lora_targets: tuple[str, ...] = JOINT_ATTENTION_TARGETS,
     gradient_checkpointing: bool = False, offload_text_encoders: bool = False, shard_world: int = 1,
     beta: float = 0.0, dtype: torch.dtype = torch.bfloat16, lora_dtype: torch.dtype = torch.float32,
-    text_layers: int | None = None, transformer_layers: int | None = None,
+    text_layers: int | None = None, transformer_layers: int | None = None, num_frames: int = 1,
 ) -> dict[str, float]:
     """Peak memory of one worker in GiB (``*_gib`` keys), by item and phase, plus the rows of each forward.
 
@@ -417,13 +423,14 @@ def estimate(
     is held). ``lora_dtype``: the trainer's float32, with which peft casts each adapted layer's input to float32
     (copies the backward keeps). ``text_layers``: text encoders of that depth (as in a measured run that reduced
     them) instead of their real size; ``transformer_layers``: that many blocks (a reduced run) instead of all.
+    ``num_frames``: frames per video of a video family (Wan).
     ``steady_peak_gib``: sampling or training; ``peak_gib``: encoding too.
     The fake-tensor pass is cached, so variants that differ only in sharding, offload or text encoders are free.
     """
     spec = FAMILIES[family]
     work = Workload(resolution, text_tokens or spec.text_tokens,
                     spec.negative_tokens if negative_tokens is None else negative_tokens,
-                    sample_batch, sample_cfg, train_batch, train_cfg, gradient_checkpointing, beta)
+                    sample_batch, sample_cfg, train_batch, train_cfg, gradient_checkpointing, beta, num_frames)
     weights, lora, act = _fake_pass(family, LoRA(lora_rank, lora_alpha, tuple(lora_targets), lora_dtype), work,
                                     dtype, transformer_layers)
     figures = _phases(weights, lora, act, text_encoder_bytes(family, dtype, text_layers), vae_bytes(family, dtype),
@@ -438,5 +445,5 @@ def _fake_pass(family: str, lora: LoRA, work: Workload, dtype: torch.dtype,
                transformer_layers: int | None) -> tuple[dict[str, int], int, dict[str, int]]:
     """(frozen weight bytes by FSDP placement, LoRA bytes, activation peaks) of one fake-tensor run."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = fake_model(family, lora, mode, dtype, transformer_layers)
+    model = fake_model(family, lora, mode, dtype, transformer_layers, work.num_frames)
     return weight_bytes(model), _bytes(lora_params(model)), _activations(model, mode, work)

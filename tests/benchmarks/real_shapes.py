@@ -1,5 +1,5 @@
-"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B and
-Z-Image, random weights.
+"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B,
+Z-Image and Wan2.1 T2V 1.3B, random weights.
 
 Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
@@ -8,7 +8,8 @@ Real (the published ``config.json`` values): the transformer (every width, head 
 ``transformer_layers`` reduces the depth), the VAE, the scheduler, and the text encoders' widths (hidden, MLP,
 heads, projections). Reduced, so a CPU can run them: the text encoders' depth (``text_layers``, default 2; the
 Qwen2.5-VL vision tower, which the text path never runs, too) and their vocabularies, which are the offline tiny
-tokenizers' (CLIP, T5, Qwen) instead of 49408 / 32128 / 152064 tokens. ``text_encoder_param_counts`` gives the
+tokenizers' (CLIP, T5, Qwen; Wan's UMT5 reads the tiny T5's) instead of 49408 / 32128 / 152064 (UMT5 256384)
+tokens. ``text_encoder_param_counts`` gives the
 real-size counts, from meta builds at real depth and vocabulary, for memory estimates.
 """
 
@@ -23,6 +24,7 @@ from diffusers import (
     AutoencoderKL,
     AutoencoderKLFlux2,
     AutoencoderKLQwenImage,
+    AutoencoderKLWan,
     FlowMatchEulerDiscreteScheduler,
     Flux2KleinPipeline,
     Flux2Transformer2DModel,
@@ -32,6 +34,8 @@ from diffusers import (
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
+    WanPipeline,
+    WanTransformer3DModel,
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
@@ -46,6 +50,8 @@ from transformers import (
     Qwen3Model,
     T5Config,
     T5EncoderModel,
+    UMT5Config,
+    UMT5EncoderModel,
 )
 
 from components.models import tiny_tokenizers as tok
@@ -53,7 +59,7 @@ from components.models.tiny_flux2 import klein_tokenizer
 from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 from components.models.tiny_zimage import zimage_tokenizer
 
-FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image")
+FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -157,7 +163,21 @@ ZIMAGE_TRANSFORMER = dict(
 # and its text_encoder Qwen3-4B (QWEN3_4B) loaded as Qwen3Model, without the LM head
 ZIMAGE_SCHEDULER = dict(num_train_timesteps=1000, use_dynamic_shifting=False, shift=6.0)
 
-REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064, "qwen3": 151936}
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json (the Wan team's t2v_1_3B config: dim 1536 = 12 heads x
+# 128, FFN 8960, 30 blocks, (1, 2, 2) patches, UMT5-XXL's 4096-wide states; as in mlx-examples' Wan2.1 port)
+WAN21_1_3B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    eps=1e-6, rope_max_seq_len=1024,
+)
+# Its vae/config.json is AutoencoderKLWan's defaults (base_dim 96, z_dim 16, time 4x and space 8x compression), its
+# text_encoder google/umt5-xxl's encoder (T5-XXL's widths, 256384 tokens). Its scheduler is UniPC under flow_shift 3;
+# the adapter steps Euler under the same shift (components/models/wan.py), so that is the scheduler built here.
+UMT5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
+                relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6)
+WAN_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+
+REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064, "qwen3": 151936, "umt5": 256384}
 QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as tiny_qwenimage), plus the special tokens
 
 
@@ -165,8 +185,8 @@ def describe() -> str:
     """What is real and what is reduced in these builders, for benchmark output."""
     return (
         "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
-        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image); text encoders at real width "
-        f"but reduced depth (text_layers; klein's Qwen3 at least {KLEIN_TEXT_LAYERS}) and "
+        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V 1.3B); text encoders "
+        f"at real width but reduced depth (text_layers; klein's Qwen3 at least {KLEIN_TEXT_LAYERS}) and "
         f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
         f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
         f"{REAL_VOCAB['clip']} / {REAL_VOCAB['t5']} / {REAL_VOCAB['qwen']}); memory figures count the text "
@@ -281,6 +301,9 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
     if family == "flux2-klein":
         double, single = _flux_blocks(transformer_layers, FLUX2_KLEIN_4B_TRANSFORMER)
         return {**FLUX2_KLEIN_4B_TRANSFORMER, "num_layers": double, "num_single_layers": single}
+    if family == "wan21-1.3b":
+        return {**WAN21_1_3B_TRANSFORMER, "num_layers": _depth(WAN21_1_3B_TRANSFORMER["num_layers"],
+                                                               transformer_layers)}
     if family == "z-image":  # the refiners stay: every forward runs them
         return {**ZIMAGE_TRANSFORMER, "n_layers": _depth(ZIMAGE_TRANSFORMER["n_layers"], transformer_layers)}
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
@@ -289,7 +312,7 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
 _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
                         "flux1-dev": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
-                        "z-image": ZImageTransformer2DModel}
+                        "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel}
 
 
 def build_transformer(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
@@ -310,6 +333,8 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
         elif family == "flux2-klein":
             vae = AutoencoderKLFlux2()
+        elif family == "wan21-1.3b":
+            vae = AutoencoderKLWan()
         else:
             vae = AutoencoderKL(**(SD3_VAE if family in SD35_TRANSFORMERS else FLUX1_VAE))
     return _finish(vae, device, dtype)
@@ -423,10 +448,32 @@ def z_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloa
                           vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
+def umt5_text_encoder(layers: int | None, vocab_size: int | None = None) -> UMT5EncoderModel:
+    """The UMT5-XXL encoder at real width; ``vocab_size`` None = the tiny T5 tokenizer's."""
+    config = UMT5Config(**{**UMT5_XXL, "vocab_size": vocab_size or tok.t5_vocab_size(),
+                           "num_layers": _depth(UMT5_XXL["num_layers"], layers)},
+                        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    return UMT5EncoderModel(config)
+
+
+def wan21_1_3b(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+               transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0) -> WanPipeline:
+    """A ``WanPipeline`` shaped like Wan2.1 T2V 1.3B (video DiT, causal 3D VAE, UMT5-XXL); the tokenizer is the tiny
+    character-level T5, its limit ``max_sequence_length`` tokens (umt5-xxl's: 512)."""
+    device = _device(device)
+    transformer = build_transformer("wan21-1.3b", device, dtype, transformer_layers, seed)
+    vae = build_vae("wan21-1.3b", device, dtype, seed + 1)
+    with _building(device, seed + 2):
+        text_encoder = _finish(umt5_text_encoder(text_layers), device, dtype)
+    return WanPipeline(tokenizer=tok.t5_tokenizer(max_sequence_length), text_encoder=text_encoder,
+                       transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(**WAN_SCHEDULER))
+
+
 BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35-medium"),
                                               "sd35-large": partial(sd35, "sd35-large"),
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image,
-                                              "flux2-klein": flux2_klein, "z-image": z_image}
+                                              "flux2-klein": flux2_klein, "z-image": z_image,
+                                              "wan21-1.3b": wan21_1_3b}
 
 
 # --- real sizes, from meta builds ---
@@ -513,13 +560,20 @@ def z_image_text_encoders(layers: int | None = None) -> dict[str, int]:
     return {"text_encoder": _count(_meta(lambda: zimage_text_encoder(layers, REAL_VOCAB["qwen3"])))}
 
 
+@cache
+def wan21_text_encoders(layers: int | None = None) -> dict[str, int]:
+    """Parameter count of Wan2.1's text encoder (the UMT5-XXL encoder) at real width and vocabulary; ``layers`` deep
+    (None = real depth)."""
+    return {"text_encoder": _count(_meta(lambda: umt5_text_encoder(layers, REAL_VOCAB["umt5"])))}
+
+
 def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[str, int]:
     """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
     real width and vocabulary."""
     counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
               "flux1-dev": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
-              "z-image": z_image_text_encoders}
+              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return counts[family](layers)

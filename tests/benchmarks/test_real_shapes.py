@@ -51,3 +51,17 @@ def test_z_image_has_the_published_sizes():
     # the pipeline reads the second-to-last hidden state, and the transformer takes the encoder's width
     assert pipe.text_encoder.config.num_hidden_layers == 2
     assert config.cap_feat_dim == pipe.text_encoder.config.hidden_size
+
+
+def test_wan21_1_3b_has_the_published_sizes():
+    # Wan-AI/Wan2.1-T2V-1.3B: the transformer's bf16 weights are 2.84 GB (1.42B parameters), the UMT5-XXL encoder's
+    # 11.4 GB (5.68B, models_t5_umt5-xxl-enc-bf16), the VAE's float32 Wan2.1_VAE.pth 508 MB (127M)
+    assert real_shapes.transformer_param_count("wan21-1.3b") == pytest.approx(1.42e9, rel=0.005)
+    assert real_shapes.text_encoder_param_counts("wan21-1.3b")["text_encoder"] == pytest.approx(5.68e9, rel=0.005)
+    assert real_shapes.vae_param_count("wan21-1.3b") == pytest.approx(127e6, rel=0.01)
+    pipe = real_shapes.BUILDERS["wan21-1.3b"](device="meta", text_layers=1, transformer_layers=2)
+    assert type(pipe).__name__ == "WanPipeline"
+    assert (pipe.vae_scale_factor_temporal, pipe.vae_scale_factor_spatial) == (4, 8)
+    config = pipe.transformer.config
+    assert (config.num_layers, config.num_attention_heads * config.attention_head_dim) == (2, 1536)
+    assert config.text_dim == pipe.text_encoder.config.d_model
