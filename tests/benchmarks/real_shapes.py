@@ -9,8 +9,8 @@ Real (the published ``config.json`` values): the transformer (every width, head 
 heads, projections). Reduced, so a CPU can run them: the text encoders' depth (``text_layers``, default 2; the
 Qwen2.5-VL vision tower, which the text path never runs, too) and their vocabularies, which are the offline tiny
 tokenizers' (CLIP, T5, Qwen; Wan's UMT5 reads the tiny T5's) instead of 49408 / 32128 / 152064 (UMT5 256384)
-tokens. ``text_encoder_param_counts`` gives the
-real-size counts, from meta builds at real depth and vocabulary, for memory estimates.
+tokens. ``text_encoder_param_counts`` gives the real-size counts, from meta builds at real depth and vocabulary,
+for memory estimates.
 """
 
 from __future__ import annotations
