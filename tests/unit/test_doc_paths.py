@@ -46,7 +46,8 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "scripts/train_nft_sd3.py", "train_nft_sd3.py", "config/nft.py", "src/flow_factory/trainers/nft.py",
             "scripts/train_sd3_GRPO_Guard.py", "examples/grpo/lora/flux2_klein/default.yaml",
             "src/flow_factory/models/flux/flux2_klein.py", "examples/grpo/lora/z_image/default.yaml",
-            "src/flow_factory/models/z_image/z_image.py"}
+            "src/flow_factory/models/z_image/z_image.py", "examples/grpo/lora/wan21/t2v.yaml",
+            "src/flow_factory/models/wan/wan2_t2v.py"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _PLACEHOLDER = re.compile(r"<[\w .:-]*>|\.\.\.")
 
