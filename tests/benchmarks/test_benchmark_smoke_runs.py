@@ -45,7 +45,7 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
     "bench_memory.py": (["--depth", "2", "--cpu-families", ""], [
         *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "sd35-large-ocr", "flux1-dev-pickscore",
                                                         "qwenimage-ocr", "flux2-klein-pickscore",
-                                                        "zimage-pickscore")),
+                                                        "zimage-pickscore", "wan21-t2v-1.3b-pickscore")),
         rf"(?m)^\* ckpt (?:on|off)\s+offload (?:on|off)\s+(?:none|fsdp)\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+fits",
     ]),
     "bench_algorithms.py": (["--throughput", "--epochs", "1"], [

@@ -273,3 +273,34 @@ def test_saved_lora_reloads_through_wan_pipelines_load_lora_weights_and_reproduc
     assert np.array_equal(trained, reloaded) and not np.array_equal(base, reloaded)
     assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000001-*.webp")) == [
         f"epoch-000001-{i}.webp" for i in range(8)]
+
+
+def test_a_saved_wan_pipeline_loads_offline_its_unipc_scheduler_replaced_by_euler_under_the_same_shift(tmp_path):
+    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+
+    from components.models.wan import WanModel
+
+    pipe = build_tiny_wan(32, 3)
+    # as the released Wan2.1 pipelines ship it: UniPC on flow sigmas, here under shift 5 (their 720p value)
+    pipe.scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    pipe.save_pretrained(tmp_path / "wan")
+    assert json.loads((tmp_path / "wan" / "model_index.json").read_text())["_class_name"] == "WanPipeline"
+    loaded = load_model(ModelConfig(kind="diffusers", path=str(tmp_path / "wan"), num_frames=FRAMES), seed=0)
+    assert type(loaded) is WanModel and loaded.latent_shape(32) == (16, 3, 8, 8)
+    scheduler = loaded.pipeline.scheduler
+    assert isinstance(scheduler, FlowMatchEulerDiscreteScheduler) and scheduler.config.shift == 5.0
+    def shifted(t):
+        return 5 * t / (1 + 4 * t)
+
+    # Euler's schedule: from 1 to its smallest shifted training sigma (t = 1 / 1000) in 4 steps, shifted again
+    expected = shifted(np.linspace(1.0, shifted(1 / 1000), 4))
+    np.testing.assert_allclose(loaded.sigmas(4, 32).numpy(), [*expected, 0.0], rtol=1e-5)
+    reference = load_model(ModelConfig(kind="tiny-wan", num_frames=FRAMES), seed=3)
+    a, b = loaded.encode_prompts(["a red apple"]), reference.encode_prompts(["a red apple"])
+    assert torch.equal(a.tensors["prompt_embeds"], b.tensors["prompt_embeds"])
+
+    index = json.loads((tmp_path / "wan" / "model_index.json").read_text())
+    index["boundary_ratio"] = 0.875  # Wan2.2 A14B: two experts split by noise level
+    (tmp_path / "wan" / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelLoadError, match=r"two-expert Wan2\.2 pipeline"):
+        load_model(ModelConfig(kind="diffusers", path=str(tmp_path / "wan"), num_frames=FRAMES), seed=0)
