@@ -5,11 +5,13 @@ seed), so ``mlflow.pyfunc.load_model("models:/NAME/VERSION")`` rebuilds exactly 
 a tiny model from its seed, a real one from its local path or ``s3://`` URI.
 
 ``predict`` takes a DataFrame with a ``prompt`` column and optional ``params`` (``seed``,
-``num_inference_steps``, ``guidance_scale``) and returns the prompts with ``image_png_b64``.
+``num_inference_steps``, ``guidance_scale``) and returns the prompts with ``image_png_b64``, or, for a video
+model, ``video_webp_b64`` (a lossless animated WebP of every frame).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import tempfile
 from importlib import metadata
@@ -23,6 +25,12 @@ MODEL_NAME = "lora"  # the model's name inside the run
 # loading as long as the installed package has the class.
 ENTRY = Path(__file__).with_name("pyfunc_entry.py")
 DEFAULT_PARAMS = {"seed": 0, "num_inference_steps": 28, "guidance_scale": 4.5}
+VIDEO_FRAME_MS = 62  # 16 frames per second, Wan2.1's rate
+
+
+def output_column(model_config: dict) -> str:
+    """The column ``predict`` fills: PNG images, or animated WebP videos for a model of several frames."""
+    return "video_webp_b64" if model_config.get("num_frames", 1) > 1 else "image_png_b64"
 
 
 class LoRAImageModel(mlflow.pyfunc.PythonModel):
@@ -39,14 +47,18 @@ class LoRAImageModel(mlflow.pyfunc.PythonModel):
         import pandas as pd
 
         from components.models.generate import generate
-        from components.rewards.codec import encode_png_b64
+        from components.rewards.codec import animated_webp, encode_png_b64
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         prompts = [str(x) for x in model_input["prompt"]]
         images = generate(self.model, prompts, resolution=self.config.resolution,
                           num_steps=int(p["num_inference_steps"]), guidance_scale=float(p["guidance_scale"]),
                           seed=int(p["seed"]))
-        return pd.DataFrame({"prompt": prompts, "image_png_b64": [encode_png_b64(img) for img in images]})
+        if images.ndim == 5:
+            encoded = [base64.b64encode(animated_webp(video, VIDEO_FRAME_MS)).decode("ascii") for video in images]
+        else:
+            encoded = [encode_png_b64(img) for img in images]
+        return pd.DataFrame({"prompt": prompts, output_column(self.config.model_dump()): encoded})
 
 
 def _requirements() -> list[str]:
@@ -63,7 +75,7 @@ def log_lora_model(run_id: str, name: str, lora_dir: Path, model_config: dict, s
 
     signature = ModelSignature(
         inputs=Schema([ColSpec("string", "prompt")]),
-        outputs=Schema([ColSpec("string", "prompt"), ColSpec("string", "image_png_b64")]),
+        outputs=Schema([ColSpec("string", "prompt"), ColSpec("string", output_column(model_config))]),
         params=ParamSchema([
             ParamSpec("seed", "long", DEFAULT_PARAMS["seed"]),
             ParamSpec("num_inference_steps", "long", DEFAULT_PARAMS["num_inference_steps"]),

@@ -27,6 +27,15 @@ def encode_png_b64(image: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def animated_webp(video: np.ndarray, frame_ms: int) -> bytes:
+    """(F, H, W, 3) uint8 -> a lossless, looping animated WebP (Pillow writes it: no ffmpeg), every pixel kept."""
+    frames = [Image.fromarray(np.ascontiguousarray(f)) for f in video]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="WEBP", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
+                   lossless=True)
+    return buffer.getvalue()
+
+
 def encode_raw_b64(images: np.ndarray) -> str:
     """uint8 pixels in C order, base64: lossless like PNG at a small fraction of its encoding cost."""
     return base64.b64encode(np.ascontiguousarray(images, dtype=np.uint8).tobytes()).decode("ascii")

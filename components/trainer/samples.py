@@ -3,11 +3,12 @@ beside a still grid of their first, middle and last frames."""
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from components.rewards import codec
 
 MIN_TILE = 128  # tiny models make 32 px images; scale them up so the caption has room and stays legible
 CAPTION_LINES = 3
@@ -45,14 +46,10 @@ def key_frames(videos: np.ndarray) -> np.ndarray:
 
 
 def animated_webp(video: np.ndarray) -> bytes:
-    """(F, H, W, 3) uint8 -> a lossless, looping animated WebP (Pillow writes it: no ffmpeg), scaled up as the
-    grid's tiles are."""
+    """(F, H, W, 3) uint8 -> a lossless, looping animated WebP, scaled up (nearest) as the grid's tiles are."""
     _, h, w, _ = video.shape
-    frames = [Image.fromarray(f).resize((tile_size(w), tile_size(h)), Image.Resampling.NEAREST) for f in video]
-    buffer = io.BytesIO()
-    frames[0].save(buffer, format="WEBP", save_all=True, append_images=frames[1:], duration=FRAME_MS, loop=0,
-                   lossless=True)
-    return buffer.getvalue()
+    scale = tile_size(min(h, w)) // min(h, w)
+    return codec.animated_webp(video.repeat(scale, axis=1).repeat(scale, axis=2), FRAME_MS)
 
 
 def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], label: str = "reward") -> np.ndarray:

@@ -274,6 +274,28 @@ def test_saved_lora_reloads_through_wan_pipelines_load_lora_weights_and_reproduc
     assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000001-*.webp")) == [
         f"epoch-000001-{i}.webp" for i in range(8)]
 
+    # the registered pyfunc rebuilds the video model and serves each video as a lossless animated WebP
+    import base64
+    from types import SimpleNamespace
+
+    from components.registry.pyfunc_model import LoRAImageModel
+
+    (tmp_path / "model.json").write_text(json.dumps({"model": config.model.model_dump(mode="json"),
+                                                     "seed": config.seed}))
+    served = LoRAImageModel()
+    served.load_context(SimpleNamespace(artifacts={"lora": str(tmp_path / "lora"),
+                                                   "model": str(tmp_path / "model.json")}))
+    frame = served.predict(None, {"prompt": ["a cat on a sofa"] * 2},
+                           params={"seed": 0, "num_inference_steps": 4, "guidance_scale": G})
+    assert list(frame.columns) == ["prompt", "video_webp_b64"]
+    for encoded, video in zip(frame["video_webp_b64"], trained, strict=True):
+        with Image.open(io.BytesIO(base64.b64decode(encoded))) as im:
+            frames = []
+            for i in range(im.n_frames):
+                im.seek(i)
+                frames.append(np.asarray(im.convert("RGB")))
+        assert np.array_equal(np.stack(frames), video)
+
 
 def test_a_saved_wan_pipeline_loads_offline_its_unipc_scheduler_replaced_by_euler_under_the_same_shift(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
