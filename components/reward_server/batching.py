@@ -31,7 +31,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         self._queue.append((images, prompts, metadata, future))
-        self._queued += len(images)
+        self._queued += len(images) * (images.shape[1] if images.ndim == 5 else 1)  # a video's frames are images
         if self._queued >= self.max_batch:
             self._flush()
         elif self._timer is None:

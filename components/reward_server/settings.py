@@ -82,7 +82,8 @@ class Limits(Section):
 
 class Batching(Section):
     window_ms: float = Field(default=5.0, ge=0, description="how long a batched reward waits for more requests")
-    max_batch: int = Field(default=64, ge=1, description="images per batched call")
+    max_batch: int = Field(default=64, ge=1, description="images per batched call (a video counts its frames; a "
+                                                          "call waits for no more once it holds this many)")
 
 
 class ServerSettings(Section):

@@ -326,3 +326,19 @@ def test_a_saved_wan_pipeline_loads_offline_its_unipc_scheduler_replaced_by_eule
     (tmp_path / "wan" / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(ModelLoadError, match=r"two-expert Wan2\.2 pipeline"):
         load_model(ModelConfig(kind="diffusers", path=str(tmp_path / "wan"), num_frames=FRAMES), seed=0)
+
+
+def test_the_reward_servers_batcher_counts_a_videos_frames_against_max_batch():
+    import asyncio
+
+    from components.reward_server.batching import Batcher
+    from components.rewards.base import RewardOutput
+
+    async def one_video() -> tuple[int, RewardOutput]:
+        batcher = Batcher(lambda im, pr, md, gi: RewardOutput.from_scores([0.5] * len(im)), window_s=60, max_batch=8)
+        # 8 frames fill the batch: it runs at once instead of waiting out the 60 s window for more
+        out = await asyncio.wait_for(batcher.score(np.zeros((1, 8, 2, 2, 3), np.uint8), ["a"], [{}]), timeout=10)
+        return batcher.calls, out
+
+    calls, out = asyncio.run(one_video())
+    assert calls == 1 and out.scores.tolist() == [0.5]
