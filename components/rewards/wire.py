@@ -10,9 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validat
 class RawPixels(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    shape: (tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt]
-            | tuple[NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt, NonNegativeInt]) = Field(
-        description="(images, height, width, 3), or (videos, frames, height, width, 3)")
+    shape: tuple[NonNegativeInt, ...] = Field(
+        min_length=4, max_length=5, description="(images, height, width, 3), or (videos, frames, height, width, 3)")
     data: str = Field(description="base64 of the uint8 pixels in C order")
 
 
