@@ -153,7 +153,7 @@ def test_a_vlm_judge_reward_gets_a_judge_and_its_base_url_points_there():
     assert rewards[1]["args"]["base_url"] == url
     assert rewards[2]["args"]["reward"]["args"]["base_url"] == url  # also inside a wrapper
     assert rewards[0] == {"name": "ocr", "label": None, "weight": 1.0, "args": {}, "required": False,
-                          "timeout_s": 300.0}
+                          "timeout_s": 300.0, "frames": "mean"}
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == judge)
     pod = deployment["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
