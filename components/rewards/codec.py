@@ -46,8 +46,8 @@ def decode_raw_b64(data: str, shape: tuple[int, ...], max_pixels: int) -> np.nda
     length are checked before anything is allocated: a client-sent shape such as (1, 0, 2**62, 3) holds no bytes
     but no array can have it."""
     *lead, h, w, c = shape
-    if c != 3 or h < 1 or w < 1 or len(lead) not in (1, 2):
-        raise ImageDecodeError(f"pixels.shape must be (B, H, W, 3) or (B, F, H, W, 3) with H and W at least 1, "
+    if c != 3 or h < 1 or w < 1 or len(lead) not in (1, 2) or min(lead[1:], default=1) < 1:
+        raise ImageDecodeError(f"pixels.shape must be (B, H, W, 3) or (B, F, H, W, 3) with F, H and W at least 1, "
                                f"got {tuple(shape)}")
     if h * w > max_pixels:
         raise ImageTooLargeError(f"{w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")

@@ -39,6 +39,11 @@ def tile_size(image_size: int) -> int:
     return image_size * max(1, math.ceil(MIN_TILE / image_size))
 
 
+def _scale(h: int, w: int) -> int:
+    """One integer upscale for both sides (a key-frame strip keeps its aspect), the shorter side >= MIN_TILE."""
+    return tile_size(min(h, w)) // min(h, w)
+
+
 def key_frames(videos: np.ndarray) -> np.ndarray:
     """(N, F, H, W, 3) videos -> (N, H, 3 W, 3): each video's first, middle and last frames side by side."""
     f = videos.shape[1]
@@ -47,8 +52,7 @@ def key_frames(videos: np.ndarray) -> np.ndarray:
 
 def animated_webp(video: np.ndarray) -> bytes:
     """(F, H, W, 3) uint8 -> a lossless, looping animated WebP, scaled up (nearest) as the grid's tiles are."""
-    _, h, w, _ = video.shape
-    scale = tile_size(min(h, w)) // min(h, w)
+    scale = _scale(*video.shape[1:3])
     return codec.animated_webp(video.repeat(scale, axis=1).repeat(scale, axis=2), FRAME_MS)
 
 
@@ -62,8 +66,7 @@ def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], la
     if not (n == len(prompts) == len(rewards)) or n == 0:
         raise ValueError(f"sample_grid needs as many prompts and rewards as images, got {n}/{len(prompts)}/"
                          f"{len(rewards)}")
-    scale = tile_size(min(h, w)) // min(h, w)  # one factor for both sides: a key-frame strip keeps its aspect
-    th, tw = h * scale, w * scale
+    th, tw = h * _scale(h, w), w * _scale(h, w)
     caption_h = (CAPTION_LINES + 1) * LINE_HEIGHT + 4
     cols = math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)

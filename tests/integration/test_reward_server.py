@@ -258,6 +258,7 @@ def test_raw_pixels_are_scored_like_png(server):
         ([1, 16, 16], "", "pixels.shape"),
         ([1, 16, 16, 3, 1], "", "pixels.shape"),
         ([1, 2, 16, 16, 3, 1], "", "pixels.shape"),  # videos are 5-dimensional, nothing more
+        ([1, 0, 16, 16, 3], "", "F, H and W at least 1"),  # a video of no frames
         ([1, 2, 4, 4, 3], "A" * 60, "pixels.data holds 45 bytes but shape (1, 2, 4, 4, 3) needs 96"),
         ([1, 4, 4, 3], "A" * 60, "pixels.data holds 45 bytes but shape (1, 4, 4, 3) needs 48"),
         ([1, 4, 4, 3], "AA=A" + "A" * 60, "not valid base64"),
