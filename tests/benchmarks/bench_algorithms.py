@@ -9,10 +9,10 @@ same seeds and prompts, for the epochs that take ``--minutes`` of training on th
 time is measured first: the median of 3 epochs after a warm-up one, in this process). Equal wall-clock, not equal
 epochs: an algorithm whose epoch is cheaper gets more of them. Printed: per algorithm, epochs, images sampled,
 training minutes; the sample grid's held-out partial score (16 held-out prompts, fixed noise) at epoch 0 and at the
-end, mean over seeds with a 95% t-interval; the evaluation's held-out partial and strict deltas (64 prompts x 2
-images, paired bootstrap CI per run, t-interval over seeds); and the wall-clock each algorithm takes to reach
-FlowGRPO's final held-out gain. The plot draws the held-out gain against training minutes and against images
-sampled (mean over seeds, 95% band).
+end, mean over seeds with a 95% t-interval; the evaluation's held-out partial and strict deltas (the demo's
+`eval.max_prompts` prompts x 2 images, paired bootstrap CI per run, t-interval over seeds); and the wall-clock
+each algorithm takes to reach FlowGRPO's final held-out gain. The plot draws the held-out gain against training
+minutes and against images sampled (mean over seeds, 95% band).
 
 Throughput: bench_gpu_throughput's per-worker epoch of each algorithm's SD3.5-Medium recipe (random real-shape
 weights; compile off), one warm-up and ``--epochs`` measured epochs in a fresh process each: images/s of the epoch,

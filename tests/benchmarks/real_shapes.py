@@ -411,16 +411,9 @@ def flux2_klein(device: torch.device | str = "cpu", dtype: torch.dtype = torch.b
 
     ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
     """
-    device = _device(device)
-    tokenizer = klein_tokenizer()
-    tokenizer.model_max_length = max_sequence_length
-    transformer = build_transformer("flux2-klein", device, dtype, transformer_layers, seed)
-    vae = build_vae("flux2-klein", device, dtype, seed + 1)
-    with _building(device, seed + 2):
-        text_encoder = _finish(qwen3_text_encoder(text_layers, len(tokenizer), tokenizer.pad_token_id,
-                                                  tokenizer.eos_token_id), device, dtype)
-    return Flux2KleinPipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_DEV_SCHEDULER),
-                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, is_distilled=True)
+    return _qwen3_pipeline("flux2-klein", Flux2KleinPipeline, klein_tokenizer(), qwen3_text_encoder,
+                           FLUX1_DEV_SCHEDULER, _device(device), dtype, text_layers, transformer_layers,
+                           max_sequence_length, seed, is_distilled=True)
 
 
 def zimage_text_encoder(layers: int | None, vocab_size: int, pad_token_id: int | None = None,
@@ -436,16 +429,23 @@ def z_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloa
             transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0) -> ZImagePipeline:
     """A ``ZImagePipeline`` shaped like Z-Image (6B single-stream DiT, FLUX.1's VAE, Qwen3-4B). The tokenizer is
     the tiny Qwen BPE with Qwen3's chat template, its limit ``max_sequence_length`` tokens."""
-    device = _device(device)
-    tokenizer = zimage_tokenizer()
+    return _qwen3_pipeline("z-image", ZImagePipeline, zimage_tokenizer(), zimage_text_encoder, ZIMAGE_SCHEDULER,
+                           _device(device), dtype, text_layers, transformer_layers, max_sequence_length, seed)
+
+
+def _qwen3_pipeline(family: str, pipeline_class: type, tokenizer, text_encoder, scheduler: dict, device: torch.device,
+                    dtype: torch.dtype, text_layers: int | None, transformer_layers: int | None,
+                    max_sequence_length: int, seed: int, **extra):
+    """A pipeline of a Qwen3-conditioned family: its transformer and VAE at real shape, ``text_encoder(layers,
+    vocab, pad id, eos id)`` at real width, the tokenizer limited to ``max_sequence_length`` tokens."""
     tokenizer.model_max_length = max_sequence_length
-    transformer = build_transformer("z-image", device, dtype, transformer_layers, seed)
-    vae = build_vae("z-image", device, dtype, seed + 1)
+    transformer = build_transformer(family, device, dtype, transformer_layers, seed)
+    vae = build_vae(family, device, dtype, seed + 1)
     with _building(device, seed + 2):
-        text_encoder = _finish(zimage_text_encoder(text_layers, len(tokenizer), tokenizer.pad_token_id,
-                                                   tokenizer.eos_token_id), device, dtype)
-    return ZImagePipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER),
-                          vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+        encoder = _finish(text_encoder(text_layers, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id),
+                          device, dtype)
+    return pipeline_class(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**scheduler), vae=vae,
+                          text_encoder=encoder, tokenizer=tokenizer, **extra)
 
 
 def umt5_text_encoder(layers: int | None, vocab_size: int | None = None) -> UMT5EncoderModel:

@@ -152,19 +152,24 @@ def _klein_sigmas_f64(num_steps: int, image_tokens: int) -> np.ndarray:
         return np.exp(mu) / (np.exp(mu) + 1 / t - 1)
 
 
+def _sde_rollout_with_lora(kind: str, prompts: list[str], guidance: float, steps: int, noise_level: float):
+    """A 4-image SDE rollout (2 per prompt, every step trained) of the tiny ``kind`` with a LoRA that counts."""
+    model, params = _model(kind)
+    with torch.no_grad():
+        for p in params:  # the LoRA's B starts at zero: make it count
+            p.add_(0.05)
+    sde, train = plan_steps(steps, 0.99, None)
+    st = SamplerSettings(steps, guidance, noise_level, "sde", 32, sde, train)
+    return model, st, sample_rollout(model, prompts, 2, 4, st, torch.Generator().manual_seed(0))
+
+
 def test_flux2_klein_step_log_prob_equals_a_float64_transcription_of_its_conventions():
     """Schedule (empirical mu), timestep = sigma, row-major 2x2-patch tokens with (0, h, w, 0) / (0, 0, 0, l) RoPE
     ids, plain CFG against the empty prompt, then the SDE step: each written out again in float64 and compared
     with what the adapter's rollout stored and step_log_prob scores."""
-    model, params = _model("tiny-flux2")
-    with torch.no_grad():
-        for p in params:  # the LoRA's B starts at zero: make it count
-            p.add_(0.05)
     g, steps, noise_level = 4.0, 4, 0.7
-    sde, train = plan_steps(steps, 0.99, None)
-    st = SamplerSettings(steps, g, noise_level, "sde", 32, sde, train)
     prompts = ["a cat", "a dog on a red sofa"]
-    rollout = sample_rollout(model, prompts, 2, 4, st, torch.Generator().manual_seed(0))
+    model, st, rollout = _sde_rollout_with_lora("tiny-flux2", prompts, g, steps, noise_level)
     sigmas = _klein_sigmas_f64(steps, image_tokens=(32 // 8) ** 2)  # 32 px / (VAE 4 x patch 2), squared
     np.testing.assert_allclose(model.sigmas(steps, 32).numpy(), sigmas, rtol=1e-6, atol=1e-7)
 
@@ -200,7 +205,7 @@ def test_flux2_klein_step_log_prob_equals_a_float64_transcription_of_its_convent
         noise_std = std_dev_t * math.sqrt(s - s_next)
         return mean, torch.distributions.Normal(mean, noise_std).log_prob(prev).flatten(1).mean(1)
 
-    for t in train:
+    for t in st.train_steps:
         log_prob, mean, _ = step_log_prob(model, rollout, torch.arange(4), t, st, g)
         expected_mean, expected = transition(t, g)
         np.testing.assert_allclose(mean.detach().double().numpy(), expected_mean.numpy(), atol=1e-5)
@@ -365,15 +370,9 @@ def test_zimage_step_log_prob_equals_a_float64_transcription_of_its_conventions(
     pos + (w - 1)(pos - neg), lists of one image and one caption of its own length, then the SDE step: each
     written out again in float64 and compared with what the rollout stored and step_log_prob scores; each
     convention gotten wrong moves the step's mean far beyond the tolerance."""
-    model, params = _model("tiny-zimage")
-    with torch.no_grad():
-        for p in params:  # the LoRA's B starts at zero: make it count
-            p.add_(0.05)
     g, steps, noise_level = 4.0, 4, 0.7
-    sde, train = plan_steps(steps, 0.99, None)
-    st = SamplerSettings(steps, g, noise_level, "sde", 32, sde, train)
     prompts = ["a cat", LONG_PROMPT]
-    rollout = sample_rollout(model, prompts, 2, 4, st, torch.Generator().manual_seed(0))
+    model, st, rollout = _sde_rollout_with_lora("tiny-zimage", prompts, g, steps, noise_level)
     base = np.linspace(1.0, 1 / steps, steps)
     np.testing.assert_allclose(model.sigmas(steps, 32).numpy(), [*(6 * base / (1 + 5 * base)), 0.0], rtol=1e-6)
 
