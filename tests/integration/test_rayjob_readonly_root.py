@@ -71,9 +71,10 @@ def test_the_rayjob_entrypoint_trains_on_ray_with_a_read_only_root(env, seaweed)
     runtime_env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
     pod_env = _pod_env(container, env, runtime_env)
     assert pod_env["HOME"] == "/tmp"
+    # timeout: a hang guard (~50 s alone on 2 cores, x4 beside two busy CI workers)
     proc = subprocess.run(["unshare", "-rm", "--fork", "--pid", "--mount-proc", "--propagation", "private",
                            "sh", "-c", POD_FS, "pod-fs", *shlex.split(manifest["spec"]["entrypoint"])],
-                          cwd=REPO, env=pod_env, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=pod_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert storage.list(f"{output}/lora"), proc.stderr[-3000:]
     assert not os.path.exists(REPO / ".rw-probe")
