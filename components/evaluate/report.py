@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from components.trainer.samples import animated_webp, key_frames
+from components.trainer.samples import animated, key_frames
 
 
 @dataclass
@@ -307,7 +307,7 @@ def _sample_img(alt: str, image: np.ndarray) -> str:
     frames (inline, as the page's images are: the report is one self-contained file)."""
     if np.ndim(image) != 4:
         return f'<img class="sample" alt="{_e(alt)}" src="{_png_data_uri(image)}">'
-    webp = base64.b64encode(animated_webp(image)).decode("ascii")
+    webp = base64.b64encode(animated(image)).decode("ascii")
     return (f'<img class="sample" alt="{_e(alt)} (video)" src="data:image/webp;base64,{webp}">'
             f'<img class="sample strip" alt="{_e(alt)}: first, middle and last frames" '
             f'src="{_png_data_uri(key_frames(image[None])[0])}">')

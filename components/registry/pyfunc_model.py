@@ -47,7 +47,7 @@ class LoRAImageModel(mlflow.pyfunc.PythonModel):
         import pandas as pd
 
         from components.models.generate import generate
-        from components.rewards.codec import animated_webp, encode_png_b64
+        from components.rewards.codec import animated, encode_png_b64
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         prompts = [str(x) for x in model_input["prompt"]]
@@ -55,7 +55,7 @@ class LoRAImageModel(mlflow.pyfunc.PythonModel):
                           num_steps=int(p["num_inference_steps"]), guidance_scale=float(p["guidance_scale"]),
                           seed=int(p["seed"]))
         if images.ndim == 5:
-            encoded = [base64.b64encode(animated_webp(video, VIDEO_FRAME_MS)).decode("ascii") for video in images]
+            encoded = [base64.b64encode(animated(video, VIDEO_FRAME_MS)).decode("ascii") for video in images]
         else:
             encoded = [encode_png_b64(img) for img in images]
         return pd.DataFrame({"prompt": prompts, output_column(self.config.model_dump()): encoded})

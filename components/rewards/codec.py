@@ -27,12 +27,14 @@ def encode_png_b64(image: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def animated_webp(video: np.ndarray, frame_ms: int) -> bytes:
-    """(F, H, W, 3) uint8 -> a lossless, looping animated WebP (Pillow writes it: no ffmpeg), every pixel kept."""
+def animated(video: np.ndarray, frame_ms: int, image_format: str = "WEBP") -> bytes:
+    """(F, H, W, 3) uint8 -> a looping animation written by Pillow (no ffmpeg): a lossless WebP, every pixel kept,
+    or a GIF (256 colours a frame), which MLflow's artifact view plays where it shows no WebP."""
     frames = [Image.fromarray(np.ascontiguousarray(f)) for f in video]
     buffer = io.BytesIO()
-    frames[0].save(buffer, format="WEBP", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
-                   lossless=True)
+    lossless = {"lossless": True} if image_format == "WEBP" else {}
+    frames[0].save(buffer, format=image_format, save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
+                   **lossless)
     return buffer.getvalue()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import numpy as np
 from components.errors import TrackingError
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error
 from components.tracking.server import TRACKING_URI_ENV, experiment_id, mlflow_client, run_url, tracking_uri
-from components.tracking.tracker import SAMPLES_KEY, base_metrics, metric_batch, send_image
+from components.tracking.tracker import SAMPLE_VIDEOS_DIR, SAMPLES_KEY, base_metrics, metric_batch, send_image
 
 # MLflow takes at most 1000 metrics and 100 params per log_batch call
 _METRICS_PER_BATCH = 1000
@@ -44,6 +44,7 @@ class FinishedRun:
     lineage: dict[str, str]
     latest_checkpoint: str | None
     started_at_ms: int | None  # None: written before run.json existed
+    videos: list[Path] = field(default_factory=list)  # a video model's animated samples, by name
 
 
 @dataclass
@@ -130,6 +131,9 @@ class _Replay:
             if time.monotonic() - last_said >= _PROGRESS_EVERY_S and i < total:
                 self.log(f"replay: {i}/{total} sample grids sent")
                 last_said = time.monotonic()
+        for path in self.run.videos:
+            self._call(f"logging sample video {path.name}", lambda p=path: self.client.log_artifact(
+                self.run_id, str(p), SAMPLE_VIDEOS_DIR))
 
     def lora(self, registered_model: str | None, register: RegisterFn | None) -> str | None:
         """Register the LoRA as the live run would; without a registered model (or a way to register), log the
@@ -190,7 +194,8 @@ def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None
         log(f"replay: {params} params, {len(run.metrics)} epochs of metrics ({values} values)")
         replay.images()
         if run.samples:
-            log(f"replay: {len(run.samples)} sample grids")
+            videos = f", {len(run.videos)} sample videos" if run.videos else ""
+            log(f"replay: {len(run.samples)} sample grids{videos}")
         version = replay.lora(tracking.get("registered_model"), register)
         status = "FINISHED" if run.lora_dir is not None else "FAILED"
         replay.finish(status)

@@ -34,6 +34,7 @@ from components.tracking.server import (
 PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
 PARENT_METRICS_PREFIX = "reward/"  # the metrics a child run also logs into its parent (see _runs_shown)
 SAMPLES_KEY = "samples"  # the sample grids' MLflow image key, and their folder among the run's artifacts
+SAMPLE_VIDEOS_DIR = f"{SAMPLES_KEY}/videos"  # a video model's animated samples, beside the grids
 FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
 OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
 DEFAULT_FLUSH_TIMEOUT_S = 120.0

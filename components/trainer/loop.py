@@ -33,7 +33,7 @@ from components.rewards.scoring import (
     combine,
     concat_outputs,
 )
-from components.tracking.tracker import SAMPLES_KEY, NullTracker, base_metrics
+from components.tracking.tracker import SAMPLE_VIDEOS_DIR, SAMPLES_KEY, NullTracker, base_metrics
 from components.trainer import checkpoint as ckpt
 from components.trainer.algorithms import build_algorithm
 from components.trainer.collective import Collective
@@ -45,7 +45,7 @@ from components.trainer.run_output import (
     SAMPLES_DIR,
     RunOutput,
 )
-from components.trainer.samples import animated_webp, sample_grid
+from components.trainer.samples import animated, sample_grid
 from components.trainer.sharding import shard_transformer
 
 
@@ -385,12 +385,12 @@ class Trainer:
         Image.fromarray(grid).save(self.output.local / SAMPLES_DIR / name)
         self.output.publish(f"{SAMPLES_DIR}/{name}")
         self.tracker.log_image(grid, key=SAMPLES_KEY, step=self.epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
-        if images.ndim == 5:  # each video animated, beside the grid's key frames
+        if images.ndim == 5:  # each video animated beside the grid's key frames; GIF: MLflow's artifact view plays it
             for i, video in enumerate(images):
-                rel = f"{SAMPLES_DIR}/{ckpt.checkpoint_name(self.epoch)}-{i}.webp"
-                (self.output.local / rel).write_bytes(animated_webp(video))
+                rel = f"{SAMPLES_DIR}/{ckpt.checkpoint_name(self.epoch)}-{i}.gif"
+                (self.output.local / rel).write_bytes(animated(video, "GIF"))
                 self.output.publish(rel)
-                self.tracker.log_artifact(self.output.local / rel, f"{SAMPLES_KEY}/videos")
+                self.tracker.log_artifact(self.output.local / rel, SAMPLE_VIDEOS_DIR)
         return {f"heldout/{key}/mean": _finite_stats(out.scores)[0] for key, out in outputs.items()}
 
     def fit(self) -> TrainResult:

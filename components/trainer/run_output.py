@@ -28,6 +28,7 @@ SAMPLES_DIR = "samples"
 # lineage tags and start time, as the run had them: what a later MLflow replay needs beyond the config
 RUN_RECORD_FILE = "run.json"
 _SAMPLE_NAME = re.compile(r"epoch-(\d+)\.png")
+_VIDEO_NAME = re.compile(r"epoch-(\d+)-(\d+)\.gif")  # a video model's animated samples
 
 
 def _staging_root() -> Path:
@@ -133,6 +134,11 @@ def _samples(out: RunOutput) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _videos(out: RunOutput) -> list[Path]:
+    local = out.local / SAMPLES_DIR
+    return sorted(p for p in local.glob("*.gif") if _VIDEO_NAME.fullmatch(p.name)) if local.is_dir() else []
+
+
 def _final_lora(out: RunOutput) -> Path | None:
     local = out.local / FINAL_LORA_DIR
     if out.remote:
@@ -161,9 +167,11 @@ def read_finished_run(uri: str | os.PathLike[str]) -> FinishedRun:
     record = _read_json(out.local / RUN_RECORD_FILE, out.uri_of(RUN_RECORD_FILE)) if out.fetch(RUN_RECORD_FILE) else {}
     if not isinstance(record, dict):
         raise RunOutputError(f"{out.uri_of(RUN_RECORD_FILE)} is not a JSON object")
+    samples = _samples(out)  # first: it downloads a remote run's samples/, videos included
     return FinishedRun(
-        uri=out.uri, config=config, metrics=_metrics(out), samples=_samples(out), lora_dir=_final_lora(out),
+        uri=out.uri, config=config, metrics=_metrics(out), samples=samples, lora_dir=_final_lora(out),
         lineage={str(k): str(v) for k, v in (record.get("lineage") or {}).items()},
         latest_checkpoint=ckpt.latest_checkpoint(out.uri),
         started_at_ms=record.get("started_at_ms"),
+        videos=_videos(out),
     )

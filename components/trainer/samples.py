@@ -1,5 +1,5 @@
-"""Sample image grids: one tile per prompt, captioned with the prompt and its reward; videos as animated WebP
-beside a still grid of their first, middle and last frames."""
+"""Sample image grids: one tile per prompt, captioned with the prompt and its reward; videos animated (GIF for
+MLflow, WebP in the report) beside a still grid of their first, middle and last frames."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CAPTION_LINES = 3
 LINE_HEIGHT = 12
 BACKGROUND = (255, 255, 255)
 TEXT = (0, 0, 0)
-FRAME_MS = 125  # 8 frames per second: the few frames of a training video stay visible
+FRAME_MS = 100  # 10 frames per second: the few frames of a training video stay visible (GIF counts in 10 ms)
 
 
 def _wrap(text: str, width_chars: int, lines: int) -> list[str]:
@@ -50,10 +50,10 @@ def key_frames(videos: np.ndarray) -> np.ndarray:
     return np.concatenate([videos[:, 0], videos[:, f // 2], videos[:, f - 1]], axis=2)
 
 
-def animated_webp(video: np.ndarray) -> bytes:
-    """(F, H, W, 3) uint8 -> a lossless, looping animated WebP, scaled up (nearest) as the grid's tiles are."""
+def animated(video: np.ndarray, image_format: str = "WEBP") -> bytes:
+    """(F, H, W, 3) uint8 -> a looping animation (``codec.animated``), scaled up (nearest) as the grid's tiles are."""
     scale = _scale(*video.shape[1:3])
-    return codec.animated_webp(video.repeat(scale, axis=1).repeat(scale, axis=2), FRAME_MS)
+    return codec.animated(video.repeat(scale, axis=1).repeat(scale, axis=2), FRAME_MS, image_format)
 
 
 def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], label: str = "reward") -> np.ndarray:

@@ -29,7 +29,7 @@ from components.rewards.codec import encode_raw_b64
 from components.rewards.config import RewardSpec
 from components.rewards.scoring import RewardSet, call_reward
 from components.rewards.temporal import TemporalConsistency
-from components.trainer.samples import animated_webp, key_frames, sample_grid
+from components.trainer.samples import FRAME_MS, animated, key_frames, sample_grid
 from pipeline.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -225,19 +225,23 @@ def test_the_reward_server_scores_videos_within_its_frame_and_pixel_budget():
     assert too_many.status_code == 413 and "limits.max_request_pixels" in too_many.json()["detail"]
 
 
-def test_video_samples_are_animated_webp_beside_a_grid_of_first_middle_and_last_frames():
+def test_video_samples_animate_beside_a_grid_of_first_middle_and_last_frames():
     videos = np.stack([_gray_video([0, 60, 120, 180, 240], side=32), _gray_video([9] * 5, side=32)])
     strip = key_frames(videos)
     assert strip.shape == (2, 32, 96, 3)
     assert [int(strip[0, 0, x, 0]) for x in (0, 32, 64)] == [0, 120, 240]
     assert sample_grid(videos, ["a", "b"], [0.5, 0.7]).shape[1] == 2 * 96 * 4  # 2 tiles of 4x the strip
-    with Image.open(io.BytesIO(animated_webp(videos[0]))) as im:
-        assert im.format == "WEBP" and im.n_frames == 5 and im.size == (128, 128)
-        levels = []
-        for i in range(im.n_frames):
-            im.seek(i)
-            levels.append(int(np.asarray(im.convert("RGB"))[0, 0, 0]))
-    assert levels == [0, 60, 120, 180, 240]
+    for image_format in ("WEBP", "GIF"):  # the report's lossless WebP; the GIF MLflow's artifact view plays
+        with Image.open(io.BytesIO(animated(videos[0], image_format))) as im:
+            assert im.format == image_format and im.n_frames == 5 and im.size == (128, 128)
+            assert im.info["loop"] == 0
+            levels = []
+            for i in range(im.n_frames):
+                im.seek(i)
+                im.load()
+                assert im.info["duration"] == FRAME_MS
+                levels.append(int(np.asarray(im.convert("RGB"))[0, 0, 0]))
+        assert levels == [0, 60, 120, 180, 240], image_format
 
 
 @pytest.mark.slow
@@ -251,7 +255,7 @@ def test_tiny_wan_config_learns_temporal_consistency(tmp_path):
     first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
     assert sum(last3) / 3 > first["reward/mean"] + first["reward/std"] / 2, (first, last3)
     assert "LEARNED" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000020-*.webp"))
+    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000020-*.gif"))
 
 
 def test_saved_lora_reloads_through_wan_pipelines_load_lora_weights_and_reproduces_videos(tmp_path):
@@ -271,8 +275,8 @@ def test_saved_lora_reloads_through_wan_pipelines_load_lora_weights_and_reproduc
     fresh.pipeline.load_lora_weights(str(tmp_path / "lora"))
     reloaded = generate(fresh, ["a cat on a sofa"] * 2, **kw)
     assert np.array_equal(trained, reloaded) and not np.array_equal(base, reloaded)
-    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000001-*.webp")) == [
-        f"epoch-000001-{i}.webp" for i in range(8)]
+    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000001-*.gif")) == [
+        f"epoch-000001-{i}.gif" for i in range(8)]
 
     # the registered pyfunc rebuilds the video model and serves each video as a lossless animated WebP
     import base64
@@ -342,3 +346,31 @@ def test_the_reward_servers_batcher_counts_a_videos_frames_against_max_batch():
 
     calls, out = asyncio.run(one_video())
     assert calls == 1 and out.scores.tolist() == [0.5]
+
+
+def test_video_samples_land_in_mlflow_live_and_on_replay(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from mlflow import MlflowClient
+
+    from components.tracking.replay import replay_run
+    from components.trainer.run_output import read_finished_run
+    from components.trainer.training_run import train
+
+    monkeypatch.chdir(tmp_path)  # a sqlite store keeps artifacts in ./mlruns
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    config = load_config(CONFIG_DIR / "tiny-wan-cpu.yaml", [
+        "train.epochs=1", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
+        "train.batch_size_per_worker=4", "sampling.num_steps=3", "tracking.experiment=video",
+        "tracking.registered_model=null", "tracking.system_metrics=false"])
+    train(config, tmp_path / "out", log=lambda _: None)
+    written = sorted((tmp_path / "out" / "samples").glob("*.gif"))
+    assert [p.name for p in written] == [f"epoch-00000{e}-{i}.gif" for e in (0, 1) for i in range(8)]  # 0: the base
+    client = MlflowClient(uri)
+    replayed = replay_run(read_finished_run(tmp_path / "out"), run_name="replayed", experiment="video-replay",
+                          log=lambda _: None)
+    (live,) = client.search_runs([client.get_experiment_by_name("video").experiment_id])
+    for run_id in (live.info.run_id, replayed.run_id):
+        logged = client.list_artifacts(run_id, "samples/videos")
+        assert sorted(Path(f.path).name for f in logged) == [p.name for p in written]
+        local = Path(client.download_artifacts(run_id, "samples/videos", str(tmp_path / run_id)))
+        assert all((local / p.name).read_bytes() == p.read_bytes() for p in written)
