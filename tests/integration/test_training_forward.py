@@ -16,8 +16,10 @@ from components.models.loading import load_model
 from pipeline.config import CONFIG_DIR, load_config
 
 SCALE = 4.5
-CONFIGS = {"tiny-sd3": "tiny-cpu.yaml", "tiny-flux": "tiny-flux-cpu.yaml", "tiny-qwenimage": "tiny-qwenimage-cpu.yaml"}
-GUIDANCE = {"tiny-sd3": SCALE, "tiny-flux": 3.5, "tiny-qwenimage": 4.0}
+CONFIGS = {"tiny-sd3": "tiny-cpu.yaml", "tiny-flux": "tiny-flux-cpu.yaml", "tiny-qwenimage": "tiny-qwenimage-cpu.yaml",
+           "tiny-zimage": "tiny-zimage-cpu.yaml", "tiny-flux2": "tiny-flux2-cpu.yaml", "tiny-wan": "tiny-wan-cpu.yaml"}
+GUIDANCE = {"tiny-sd3": SCALE, "tiny-flux": 3.5, "tiny-qwenimage": 4.0, "tiny-zimage": 4.0, "tiny-flux2": 4.0,
+            "tiny-wan": 4.0}
 
 
 def _model(kind: str = "tiny-sd3", dtype: str = "float32"):
