@@ -18,9 +18,8 @@ from components.trainer.algorithms import FlowGRPO
 from components.trainer.loop import Trainer
 from pipeline.config import CONFIG_DIR, load_config
 
-FAMILIES = {kind: CONFIG_DIR / f"{kind}-cpu.yaml" for kind in
-            ("tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "tiny-wan")}
-FAMILIES = {"tiny-sd3": CONFIG_DIR / "tiny-cpu.yaml", **FAMILIES}
+FAMILIES = {kind: CONFIG_DIR / ("tiny-cpu.yaml" if kind == "tiny-sd3" else f"{kind}-cpu.yaml")
+            for kind in ("tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "tiny-wan")}
 SMALL = ["train.epochs=2", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=1", "train.beta=0.04",
          "tracking.system_metrics=false"]
