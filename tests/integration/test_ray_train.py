@@ -4,6 +4,7 @@ Worker groups take about a minute to start on 2 cores, so each test starts as fe
 """
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -116,6 +117,7 @@ def test_killing_a_worker_resumes_from_the_last_checkpoint_and_finishes(tmp_path
             if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
                 victims = _train_workers()
                 if victims:
+                    killed["niceness"] = [v.nice() for v in victims]
                     killed["mtime"] = first_manifest.stat().st_mtime_ns
                     victims[-1].kill()
                     killed["pid"] = victims[-1].pid
@@ -128,6 +130,8 @@ def test_killing_a_worker_resumes_from_the_last_checkpoint_and_finishes(tmp_path
     result = train(config, out, log=log, workers=2)
     watcher.join(timeout=1)
     assert "pid" in killed, "no Ray Train worker was found to kill"
+    # the local Ray's training workers run at this process's priority, not Ray's default niceness of 15
+    assert killed["niceness"] == [os.nice(0)] * 2
     assert not psutil.pid_exists(int(killed["pid"])) or psutil.Process(int(killed["pid"])).status() == "zombie"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5, 6] == [r["epoch"] for r in result.history]
