@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from rescoring import assert_rescoring_is_exact
 
 from components.errors import ConfigError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
@@ -265,17 +266,7 @@ def test_rescoring_a_stored_trajectory_gives_ratio_exactly_one(kind, guidance, s
     # different multiples of 32 tokens (sub-batches then differ in how its transformer would pad them)
     rollout = sample_rollout(model, ["a cat", LONG_PROMPT], 4, 8, st, torch.Generator().manual_seed(0))
     train_guidance = model.training_guidance_scale(guidance, train_cfg=guidance > 1)
-    shuffled = torch.randperm(8, generator=torch.Generator().manual_seed(1))
-    for idx in (torch.arange(8), shuffled, shuffled[:4]):
-        for t in range(len(st.train_steps)):
-            log_prob, _, _ = step_log_prob(model, rollout, idx, t, st, train_guidance)
-            ratio = torch.exp(log_prob - rollout.log_probs[idx, t])
-            assert torch.equal(ratio, torch.ones_like(ratio)), (idx.tolist(), t)
-    with torch.no_grad():
-        for p in params:
-            p.add_(0.05)
-    log_prob, _, _ = step_log_prob(model, rollout, torch.arange(8), 0, st, train_guidance)
-    assert not torch.equal(log_prob, rollout.log_probs[:, 0])
+    assert_rescoring_is_exact(model, params, rollout, st, train_guidance)
 
 
 @pytest.mark.parametrize("kind", BUILD)
