@@ -31,8 +31,8 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
         rf"batching: 32 concurrent single-image requests / one 32-image request = {NUM}x",
         rf"overlap, 8 batches of 8: .* = {NUM}x sampling alone",
     ]),
-    "bench_tracking.py": (["--repeats", "1"], [rf"on/off epoch time = {NUM}"]),
-    "bench_ray.py": (["--epochs", "3"], [
+    "bench_tracking.py": (["--repeats", "1", "--epochs", "3"], [rf"on/off epoch time = {NUM}"]),
+    "bench_ray.py": (["--epochs", "2"], [
         rf"steady-state epoch: single process {NUM} s, 1 Ray worker {NUM} s, 2 Ray workers {NUM} s",
         rf"Ray overhead: 1 worker / single process = {NUM}", rf"2 workers / 1 worker epoch time = {NUM}",
     ]),

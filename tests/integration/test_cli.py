@@ -58,11 +58,12 @@ def test_train_with_missing_model_path_fails_before_training(tmp_path):
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
-def test_validate_accepts_the_shipped_configs():
-    for path in sorted(DEFAULT_CONFIG.parent.glob("*.yaml")):
-        proc = flowgrpo("validate", "--config", str(path))
-        assert proc.returncode == 0, proc.stderr
-        assert "valid" in proc.stdout
+def test_validate_accepts_the_shipped_configs(capsys):
+    from pipeline.cli import main
+
+    for path in sorted(DEFAULT_CONFIG.parent.glob("*.yaml")):  # in this process: one import for all of them
+        assert main(["validate", "--config", str(path)]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.startswith(f"{path}: valid (")
 
 
 def test_validate_explains_how_a_gpu_recipe_splits_on_its_workers():
@@ -148,9 +149,9 @@ def test_help_explains_the_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tiny_config_learns_for_every_seed(tmp_path, seed):
-    """The acceptance criterion: last-3-epoch mean > first mean + first per-sample std / 2, in half the config's
-    40 epochs (seeds 0 and 1 pass it by epochs 6 and 10, 4.0 and 2.7 first-epoch stds up at 20)."""
-    proc = flowgrpo("train", "--config", "tiny-cpu", "--output", str(tmp_path), f"seed={seed}", "train.epochs=20")
+    """The acceptance criterion: last-3-epoch mean > first mean + first per-sample std / 2, in 14 of the config's
+    40 epochs (seeds 0, 1, 2 pass it by epochs 6, 10 and 10, and stand 1.9, 1.7 and 1.4 first-epoch stds up at 14)."""
+    proc = flowgrpo("train", "--config", "tiny-cpu", "--output", str(tmp_path), f"seed={seed}", "train.epochs=14")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]

@@ -23,7 +23,7 @@ def _quiet(_message: str) -> None:
 
 @pytest.fixture(scope="module")
 def trained(services, tmp_path_factory):
-    """The tiny default config trained for 20 epochs with tracking on: (config, LoRA URI, history, model name)."""
+    """The tiny default config trained for 14 epochs with tracking on: (config, LoRA URI, history, model name)."""
     s3, mlflow = services
     name = f"eval-{uuid.uuid4().hex[:6]}"
     with pytest.MonkeyPatch.context() as mp:
@@ -31,7 +31,7 @@ def trained(services, tmp_path_factory):
                            "FLOWGRPO_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}.items():
             mp.setenv(key, value)
         config = load_config(TINY_CONFIG, [f"tracking.registered_model={name}", "tracking.system_metrics=false",
-                                           "tracking.sample_every=0", "train.epochs=20"])
+                                           "tracking.sample_every=0", "train.epochs=14"])
         result = train(config, f"s3://{s3.bucket}/eval/{uuid.uuid4().hex[:8]}", log=_quiet)
     assert result.learning_summary()["learned"]
     return config, result.lora_uri, result.history, name

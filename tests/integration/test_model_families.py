@@ -464,13 +464,17 @@ def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
     check_world_size(config, config.cluster.workers.replicas)  # the global batch shards evenly
 
 
+FEWER_EPOCHS = {"tiny-qwenimage": 14, "tiny-zimage": 8}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", BUILD)
 def test_tiny_family_config_learns(kind, tmp_path):
     """The acceptance criterion of the SD3 config: last-3-epoch mean > first mean + first std / 2, in half the
-    config's epochs."""
+    config's epochs; Qwen-Image in 14 of 40 and Z-Image in 8 of 20, which pass it by epochs 9 and 5 (1.1 and 1.5
+    first-epoch stds up at 14 and 8)."""
     config = CONFIG_DIR / f"{kind}-cpu.yaml"
-    epochs = load_config(config).train.epochs // 2
+    epochs = FEWER_EPOCHS.get(kind, load_config(config).train.epochs // 2)
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(config), "--output",
                            str(tmp_path), f"train.epochs={epochs}"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -82,14 +82,14 @@ def test_two_workers_learn_into_s3_and_mlflow(services, env):
     s3, mlflow = services
     experiment = f"ray-{uuid.uuid4().hex[:6]}"
     uri = f"s3://{s3.bucket}/ray/{uuid.uuid4().hex[:8]}"
-    config = load_config(TINY_CONFIG, ["train.epochs=16", "train.checkpoint_every=8",
-                                       f"tracking.experiment={experiment}", "tracking.sample_every=8"])
+    config = load_config(TINY_CONFIG, ["train.epochs=12", "train.checkpoint_every=6",
+                                       f"tracking.experiment={experiment}", "tracking.sample_every=6"])
     _, log = _lines()
     result = train(config, uri, log=log, workers=2)
     summary = result.learning_summary()
     assert summary["learned"], summary
-    assert ckpt.latest_checkpoint(uri) == f"{uri}/checkpoints/epoch-000016"
-    assert ckpt.read_checkpoint(f"{uri}/checkpoints/epoch-000008").epoch == 8
+    assert ckpt.latest_checkpoint(uri) == f"{uri}/checkpoints/epoch-000012"
+    assert ckpt.read_checkpoint(f"{uri}/checkpoints/epoch-000006").epoch == 6
     client = MlflowClient(mlflow.url)
     (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert run.info.status == "FINISHED"
@@ -97,7 +97,7 @@ def test_two_workers_learn_into_s3_and_mlflow(services, env):
     assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r["reward/mean"]))
                                                     for r in result.history]
     images = [f.path for f in client.list_artifacts(run.info.run_id, "images")]
-    assert any("samples+step+8+" in p for p in images)
+    assert any("samples+step+6+" in p for p in images)
 
 
 def _train_workers() -> list[psutil.Process]:

@@ -237,16 +237,17 @@ def test_video_samples_animate_beside_a_grid_of_first_middle_and_last_frames():
 
 @pytest.mark.slow
 def test_tiny_wan_config_learns_temporal_consistency(tmp_path):
-    """The acceptance criterion of the other tiny configs: last-3-epoch mean > first mean + first std / 2."""
+    """The acceptance criterion of the other tiny configs: last-3-epoch mean > first mean + first std / 2, in 14 of
+    the config's 40 epochs (passed by epoch 7; 1.6 first-epoch stds up at 14)."""
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config",
-                           str(CONFIG_DIR / "tiny-wan-cpu.yaml"), "--output", str(tmp_path), "train.epochs=20"],
+                           str(CONFIG_DIR / "tiny-wan-cpu.yaml"), "--output", str(tmp_path), "train.epochs=14"],
                           capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
     assert sum(last3) / 3 > first["reward/mean"] + first["reward/std"] / 2, (first, last3)
     assert "LEARNED" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000020-*.gif"))
+    assert sorted(p.name for p in (tmp_path / "samples").glob("epoch-000014-*.gif"))
 
 
 def test_saved_lora_reloads_through_wan_pipelines_load_lora_weights_and_reproduces_videos(tmp_path):
