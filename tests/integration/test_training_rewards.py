@@ -99,10 +99,11 @@ def test_groupwise_rank_reward_trains_in_process(small_config, tmp_path):
 def test_default_config_learns_as_well_through_the_server(tmp_path):
     from pipeline.config import TINY_CONFIG, load_config
 
-    # 12 of the config's 40 epochs: the whole-run equality is the point, and seed 0 learns by epoch 6
-    local = train(load_config(TINY_CONFIG, ["train.epochs=12"]), tmp_path / "local", log=_quiet)
+    # 8 of the config's 40 epochs: the whole-run equality is the point, and seed 0's trend is 8 standard errors above
+    # 0 by epoch 8
+    local = train(load_config(TINY_CONFIG, ["train.epochs=8"]), tmp_path / "local", log=_quiet)
     with _server({"name": "brightness"}) as url:
-        remote = train(load_config(TINY_CONFIG, ["train.epochs=12", f"reward_server.url={url}"]), tmp_path / "remote",
+        remote = train(load_config(TINY_CONFIG, ["train.epochs=8", f"reward_server.url={url}"]), tmp_path / "remote",
                        log=_quiet)
     s = remote.learning_summary()
     assert s["learned"], s
