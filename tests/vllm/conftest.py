@@ -81,7 +81,7 @@ def _wait_ready(process: subprocess.Popen, base: str, log: Path) -> None:
         pytest.fail(f"{exc}; log tail:\n{_tail(log)}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped with its module: idle, it still polls and holds ~2 GB beside the other tests
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """A started, warmed-up vLLM OpenAI server on 127.0.0.1 serving the tiny Qwen2-VL."""
     venv = os.environ.get(VENV_VAR)
