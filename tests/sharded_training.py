@@ -30,7 +30,7 @@ FAMILIES = {"tiny-sd3": (CONFIG_DIR / "tiny-cpu.yaml", []), "tiny-flux": (CONFIG
 # forward (adapter disabled) and the EMA copy run under sharding too
 RUN = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
        "train.batch_size_per_worker=2", "sampling.num_steps=4", "train.checkpoint_every=1", "train.beta=0.04",
-       "train.ema.enabled=true", "train.ema.update_every=1", "tracking.system_metrics=false"]
+       "train.ema.enabled=true", "train.ema.update_every=1", "tracking.system_metrics=false", "tracking.sample_every=0"]
 LAYOUT_FILE = "layout.json"
 
 
