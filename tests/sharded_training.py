@@ -38,13 +38,13 @@ def _quiet(_msg: str) -> None:
     pass
 
 
-def _config(kind: str, epochs: int, sharding: str):
+def _config(kind: str, epochs: int, sharding: str, *extra: str):
     path, overrides = FAMILIES[kind]
-    return load_config(path, [*RUN, *overrides, f"train.epochs={epochs}", f"train.sharding={sharding}"])
+    return load_config(path, [*RUN, *overrides, f"train.epochs={epochs}", f"train.sharding={sharding}", *extra])
 
 
-def _run(kind: str, out: Path, epochs: int, sharding: str) -> None:
-    run_worker(_config(kind, epochs, sharding), RunOutput(out), log=_quiet, collective=TorchCollective())
+def _run(kind: str, out: Path, epochs: int, sharding: str, *extra: str) -> None:
+    run_worker(_config(kind, epochs, sharding, *extra), RunOutput(out), log=_quiet, collective=TorchCollective())
 
 
 def _layout(trainer: Trainer) -> dict:
@@ -83,6 +83,4 @@ COMPILED = ["train.compile=true", "train.gradient_checkpointing=true"]
 def compiled_sharded_run(rank: int, root: str, kind: str) -> None:
     """``train.compile`` with FSDP and gradient checkpointing, 2 epochs (compared with the plain eager run of
     ``plain_and_sharded_runs``)."""
-    path, overrides = FAMILIES[kind]
-    run_worker(load_config(path, [*RUN, *overrides, "train.epochs=2", "train.sharding=fsdp", *COMPILED]),
-               RunOutput(Path(root) / kind / "fsdp-compiled"), log=_quiet, collective=TorchCollective())
+    _run(kind, Path(root) / kind / "fsdp-compiled", 2, "fsdp", *COMPILED)
