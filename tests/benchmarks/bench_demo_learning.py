@@ -5,7 +5,7 @@ These are the figures README and docs/MODELS.md state.
 
     python tests/benchmarks/bench_demo_learning.py [--seeds 0 1 2] [--workdir DIR] [key.sub=value ...]
 
-A full run takes about 7.5 minutes a seed on 2 cores; `--smoke` (what CI runs, so the script cannot rot) trains
+A full run takes about 4.5 minutes a seed on 2 cores; `--smoke` (what CI runs, so the script cannot rot) trains
 2 epochs and evaluates 10 prompts: its figures mean nothing.
 """
 

@@ -43,7 +43,7 @@ from pipeline.services.seaweed import SeaweedS3
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=2", "tracking.sample_every=2",
-         "tracking.sample_images=2", "sampling.sde_window=null"]  # null: the default config's window needs 5 steps
+         "tracking.sample_images=2"]
 
 
 def _s3_client(s3: SeaweedS3):
