@@ -26,7 +26,7 @@ SHAPES = ("circle", "square", "triangle")
 NUMBERS = {1: "a", 2: "two", 3: "three", 4: "four"}
 MAX_OBJECTS = 4
 # How far an object's place strays from its cell's centre, as a share of the side (1 px at 48 px). Anywhere in
-# the cell (up to 4 px off at 48 px) left the 600k-parameter demo model blending shapes drawn at two places
+# the cell (up to 5 px off at 48 px) left the 600k-parameter demo model blending shapes drawn at two places
 # into blobs no rule reads: docs/MODELS.md, "The demo model".
 JITTER = 1 / 48
 VOCABULARY = (*NUMBERS.values(), *COLOURS, *SHAPES, *(s + "s" for s in SHAPES), "and")  # every word of a prompt
