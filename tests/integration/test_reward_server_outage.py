@@ -24,11 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 SLACK_S = 15  # the epoch in progress, and the process's own exit
 # 4 sampling batches an epoch: several scoring requests are in flight when the server goes away
 IN_FLIGHT = ["sampling.batch_size_per_worker=2", "train.epochs=500"]
-# an epoch whose sampling alone takes far longer than the window (32 batches of 2 images x 120 steps, ~20 s on
-# 2 cores), trained on one SDE step of each sample so that the update stays cheap
-LONG_SAMPLING_BATCHES = 32
-LONG_SAMPLING = ["sampling.prompts_per_epoch=8", "sampling.group_size=8", "sampling.batch_size_per_worker=2",
-                 "sampling.num_steps=120", "sampling.sde_window={size: 1, range: [0, 120]}", "train.epochs=3"]
+# an epoch whose sampling alone takes far longer than the window (64 batches of 2 images x 240 steps; on a fast
+# 2-core machine 32 batches x 120 steps took 15 s, and 32 x 240 took 19 s, both too close to the bound), trained
+# on one SDE step of each sample so that the update stays cheap
+LONG_SAMPLING_BATCHES = 64
+LONG_SAMPLING = ["sampling.prompts_per_epoch=16", "sampling.group_size=8", "sampling.batch_size_per_worker=2",
+                 "sampling.num_steps=240", "sampling.sde_window={size: 1, range: [0, 240]}", "train.epochs=3"]
 EXIT_S = 10  # from the request that gives up to the process's exit: the CLI's error line and interpreter teardown
 # (5 s was passed by 0.6 s in a CI run beside two busy workers; the old behaviour takes the whole epoch, 50+ s)
 
