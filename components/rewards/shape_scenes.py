@@ -103,12 +103,12 @@ def draw_scene(groups: list[Group], rng: np.random.Generator, resolution: int,
     objects = [g for g in groups for _ in range(g.count)]
     if len(objects) > MAX_OBJECTS:  # the grid has no cell for more; dropping them would draw a wrong scene
         raise ValueError(f"{prompt_text(groups)!r} has {len(objects)} objects; a scene holds at most {MAX_OBJECTS}")
-    cell = resolution / 2
+    cell, jitter = resolution / 2, resolution * JITTER
     big = Image.new("RGB", (resolution * supersample,) * 2, BACKGROUND)
     draw = ImageDraw.Draw(big)
     for group, slot in zip(objects, rng.permutation(MAX_OBJECTS), strict=False):
         size = resolution * rng.uniform(0.26, 0.34)
-        jitter, margin = resolution * JITTER, (cell - size) / 2
+        margin = (cell - size) / 2
         x = (slot % 2) * cell + margin + rng.uniform(-jitter, jitter)
         y = (slot // 2) * cell + margin + rng.uniform(-jitter, jitter)
         points = [(px * supersample, py * supersample) for px, py in _outline(group.shape, x, y, size)]
