@@ -472,6 +472,11 @@ def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> builtins
 CACHE_ENV = "FLOWGRPO_CACHE_DIR"
 
 
+def cache_root() -> Path:
+    """This machine's (pod's) folder for copies and staging: ``$FLOWGRPO_CACHE_DIR``, default ``~/.cache/flowgrpo``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowgrpo")
+
+
 def local_copy(uri: str) -> Path:
     """A local path with what ``uri`` names, for loaders that read files (model weights, pipelines).
 
@@ -483,12 +488,12 @@ def local_copy(uri: str) -> Path:
     loc = _parse(uri)
     if isinstance(loc, Path):
         return loc
-    cache_root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowgrpo") / "objects"
-    final = cache_root / hashlib.sha256(uri.encode()).hexdigest()[:32]
+    objects = cache_root() / "objects"
+    final = objects / hashlib.sha256(uri.encode()).hexdigest()[:32]
     name = PurePosixPath(loc.key.rstrip("/")).name or loc.bucket
     if final.exists():
         return final / name
-    staging = cache_root / f"{final.name}{_TMP_SUFFIX}-{secrets.token_hex(4)}"
+    staging = objects / f"{final.name}{_TMP_SUFFIX}-{secrets.token_hex(4)}"
     try:
         if exists(uri):
             get_file(uri, staging / name)

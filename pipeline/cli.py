@@ -59,10 +59,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     check_rewards(config)
-    workers = config.cluster.workers.replicas
+    workers = config.cluster.workers.training_workers
     problems = epoch_split_problems(config, workers)
     if problems:
-        raise ConfigError(f"{args.config}: on cluster.workers.replicas = {workers} workers: " + "; ".join(problems))
+        raise ConfigError(f"{args.config}: on the cluster's {workers} training workers (cluster.workers.replicas x "
+                          "gpus_per_worker): " + "; ".join(problems))
     # A note, not a failure: CI validates before `submit` on a machine that does not hold the model.
     note = model_path_note(config.model)
     n = config.sampling.prompts_per_epoch * config.sampling.group_size

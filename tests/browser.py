@@ -1,4 +1,4 @@
-"""A real headless Chromium for tests that must see what a user sees (install: scripts/install-chromium.sh)."""
+"""A real headless Chromium for tests that must see what a user sees (install: scripts/install-debian.sh)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def chromium_binary() -> str:
     for name in ("chromium", "chromium-browser"):
         if path := shutil.which(name):
             return path
-    raise RuntimeError("no chromium on PATH: run scripts/install-chromium.sh (installs Debian's chromium package)")
+    raise RuntimeError("no chromium on PATH: run scripts/install-debian.sh (installs Debian's chromium package)")
 
 
 def screenshot(html_path: Path | str, png_path: Path | str, width: int, height: int, timeout_s: float = 60) -> None:

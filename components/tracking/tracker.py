@@ -94,6 +94,10 @@ class NullTracker:
     def call(self, what: str, fn: Callable[[str], None]) -> None: ...
     def close(self, status: str = "FINISHED") -> None: ...
 
+    def last_step(self, key: str) -> int | None:
+        """The highest step the run holds for metric ``key``; None when unknown."""
+        return None
+
 
 class MlflowTracker(NullTracker):
     def __init__(self, uri: str, experiment: str, run_name: str, *, parent_run_id: str | None = None,
@@ -234,6 +238,19 @@ class MlflowTracker(NullTracker):
         """See ``send_image``; also into the parent run (see ``_runs_shown``)."""
         self._submit(f"image {artifact_file}", lambda: [
             send_image(self.client, run_id, image, key, step, artifact_file) for run_id in self._runs_shown()])
+
+    def last_step(self, key: str) -> int | None:
+        """Asked when a run resumes, so the epochs logged before the interruption are not logged twice (MLflow keeps
+        every value sent, and would show a second point at each such step). None when the server does not answer
+        now: every epoch is then logged, at worst twice."""
+        if not self._opened.wait(float(os.environ.get(OPEN_TIMEOUT_ENV, DEFAULT_OPEN_TIMEOUT_S))):
+            return None
+        try:
+            return max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=None)
+        except Exception as exc:  # any failure means "unknown": training goes on
+            self.log(f"MLflow at {self.uri}: the steps already logged could not be read ({short_error(exc)}); "
+                     "epochs since the checkpoint are logged again")
+            return None
 
     def _runs_shown(self) -> list[str]:
         """This run, and its parent when it has one: MLflow's experiment views show a pipeline run with its

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from components import storage
 from components.errors import CheckpointError
+from components.trainer.drain import writing
 
 if TYPE_CHECKING:
     import torch
@@ -70,9 +71,10 @@ def write_checkpoint(output: str | Path, staging: Path, state: TrainerState,
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
     try:
-        save_lora(local)
-        torch.save(state.__dict__, local / STATE_FILE)
-        return publish_checkpoint(local, checkpoint_root(output))
+        with writing():  # a pod being deleted waits for this checkpoint (components.trainer.drain)
+            save_lora(local)
+            torch.save(state.__dict__, local / STATE_FILE)
+            return publish_checkpoint(local, checkpoint_root(output))
     finally:
         shutil.rmtree(local, ignore_errors=True)
 

@@ -18,6 +18,30 @@ from components.rewards.config import Aggregation, RewardServerConfig, RewardSpe
 from components.tracking.config import TrackingConfig
 
 
+class DistributedConfig(Section):
+    """How a run on Ray Train workers (``--ray-workers``, a RayJob) meets a lost worker, host or link; read only
+    there. Each bound is what it costs in the worst case (README, *Distributed training on Ray*)."""
+
+    collective_timeout_s: float = Field(
+        default=900.0, gt=0, le=86400,
+        description="a collective (the reward gather, the gradient all-reduce, an FSDP all-gather) that waits "
+                    "longer than this for a peer fails (the process group's timeout, gloo's and NCCL's alike), so a "
+                    "worker cut off by a partition never hangs the others; keep it above the longest lead one worker "
+                    "can take (rank 0 writing a checkpoint and the sample grid, the first epoch's compile)",
+    )
+    start_timeout_s: float = Field(
+        default=600.0, gt=0, le=86400,
+        description="how long the workers may wait for their resources, at start and after a failure (a node "
+                    "coming back, a replacement pod); after it the run stops, naming the nodes lost and the command "
+                    "that resumes",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000,
+        description="failures of the worker group (a worker process, host or link lost) recovered from by starting "
+                    "every worker again from the newest checkpoint; one more stops the run",
+    )
+
+
 class TrainingJobConfig(Section):
     """Everything the trainer reads. The pipeline's experiment config extends it."""
 
@@ -33,6 +57,7 @@ class TrainingJobConfig(Section):
     reward_server: RewardServerConfig = Field(default_factory=RewardServerConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @classmethod
     def from_sections(cls, data: dict[str, Any], source: str) -> TrainingJobConfig:

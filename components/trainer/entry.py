@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from components.config_base import read_yaml_mapping
 from components.console import quiet_libraries, status_line
 from components.errors import ConfigError, exit_status
 from components.trainer.config import TrainingJobConfig
+from components.trainer.ray_train import WorkersLostError
 
 # The RayJob's experiment YAML travels in this variable (runtimeEnvYAML), read with ``--config env:NAME``.
 CONFIG_ENV = "FLOWGRPO_EXPERIMENT_CONFIG"
@@ -50,13 +53,24 @@ def run(config: TrainingJobConfig, args: argparse.Namespace, *, record: dict[str
         raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
     output = args.output or Path("runs") / f"{Path(str(args.config)).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     status_line(f"training {args.config} -> {output}")
-    result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
-                   workers=args.ray_workers, record=record)
+    try:
+        result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
+                       workers=args.ray_workers, record=record)
+    except WorkersLostError as exc:
+        raise WorkersLostError(f"{exc}; to continue from it once the cluster has the workers' resources, run "
+                               f"`{resume_command(sys.orig_argv)}` (in a RayJob: submit it again with the same run "
+                               "id; its entrypoint resumes)") from None
     print(describe_learning(result.learning_summary()))
     print(f"LoRA: {result.lora_uri}  metrics: {result.metrics_uri}")
     if result.mlflow_run_url:
         print(f"MLflow run: {result.mlflow_run_url}")
     return 0
+
+
+def resume_command(argv: list[str]) -> str:
+    """``argv`` (this process's command line) continuing its run: ``--resume`` in place of any resume option."""
+    words = [Path(argv[0]).name if Path(argv[0]).name.startswith("python") else argv[0], *argv[1:]]
+    return shlex.join([w for w in words if w not in ("--resume", "--auto-resume")] + ["--resume"])
 
 
 def _train(args: argparse.Namespace) -> int:

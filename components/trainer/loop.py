@@ -68,6 +68,10 @@ class TrainResult:
         return learning_summary(self.history)
 
 
+# logged every epoch, always finite: the step the MLflow run holds last
+TRACKED_STEP_KEY = "optimizer_step"
+
+
 def _silent(_: str) -> None:
     """Where workers other than the main one send start-up notes (the main worker says them once)."""
 
@@ -113,8 +117,8 @@ def _epoch_prompts(rows: list[PromptRow], n: int, generator: torch.Generator) ->
 
 RESUMABLE_CHANGES = ("train.epochs, train.checkpoint_every, the memory and speed settings "
                      "(train.gradient_checkpointing, train.sharding, train.compile, model.offload_text_encoders, "
-                     "model.prompt_cache_gib), tracking, reward_server, reward timeouts and the pipeline sections "
-                     "(eval, eval_rewards, cluster)")
+                     "model.prompt_cache_gib), tracking, distributed, reward_server, reward timeouts and the pipeline "
+                     "sections (eval, eval_rewards, cluster)")
 # how memory and time are spent, not what is computed: a run may resume sharded from an unsharded checkpoint, or
 # eager from a compiled one, and back (train.cfg_uncond_grad changes the gradient and stays in the fingerprint)
 _EXECUTION_SETTINGS = {"train": ("gradient_checkpointing", "sharding", "compile"),
@@ -133,6 +137,7 @@ def _fingerprint(config: TrainingJobConfig) -> dict:
             data[section].pop(key)
     data.pop("reward_server")
     data.pop("tracking", None)
+    data.pop("distributed", None)
     for spec in data["rewards"]:
         spec.pop("timeout_s")
     return data
@@ -225,6 +230,7 @@ class Trainer:
         self.algorithm = build_algorithm(config, self.model, self.params)
         self.epoch = 0
         self.optimizer_step = 0
+        self.tracked_through = 0  # epochs the MLflow run already holds (from before a resume): not logged again
         self.metrics = MetricsFile(self.output.local / METRICS_FILE)
 
     def _place_model(self) -> list[torch.nn.Parameter]:
@@ -294,6 +300,7 @@ class Trainer:
             self.output.fetch(METRICS_FILE)
             self.metrics.truncate_after(self.epoch)
             self.output.publish(METRICS_FILE)
+            self.tracked_through = self.tracker.last_step(TRACKED_STEP_KEY) or 0
             self.log(f"resumed from {path} (epoch {self.epoch}, optimizer step {self.optimizer_step})")
 
     # -- one epoch ---------------------------------------------------------------------------------
@@ -384,13 +391,15 @@ class Trainer:
         (self.output.local / SAMPLES_DIR).mkdir(exist_ok=True)
         Image.fromarray(grid).save(self.output.local / SAMPLES_DIR / name)
         self.output.publish(f"{SAMPLES_DIR}/{name}")
-        self.tracker.log_image(grid, key=SAMPLES_KEY, step=self.epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
+        if self.epoch > self.tracked_through:  # else logged before the resume, from the same weights
+            self.tracker.log_image(grid, key=SAMPLES_KEY, step=self.epoch, artifact_file=f"{SAMPLES_KEY}/{name}")
         if images.ndim == 5:  # each video animated beside the grid's key frames; GIF: MLflow's artifact view plays it
             for i, video in enumerate(images):
                 rel = f"{SAMPLES_DIR}/{ckpt.checkpoint_name(self.epoch)}-{i}.gif"
                 (self.output.local / rel).write_bytes(animated(video, "GIF"))
                 self.output.publish(rel)
-                self.tracker.log_artifact(self.output.local / rel, SAMPLE_VIDEOS_DIR)
+                if self.epoch > self.tracked_through:
+                    self.tracker.log_artifact(self.output.local / rel, SAMPLE_VIDEOS_DIR)
         return {f"heldout/{key}/mean": _finite_stats(out.scores)[0] for key, out in outputs.items()}
 
     def fit(self) -> TrainResult:
@@ -415,7 +424,8 @@ class Trainer:
                     base = {}
                 self.metrics.append(row)
                 self.output.publish(METRICS_FILE)
-                self.tracker.log_metrics(row, step=self.epoch)
+                if self.epoch > self.tracked_through:  # a resumed run recomputes the epochs since its checkpoint
+                    self.tracker.log_metrics(row, step=self.epoch)
                 rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
                 first_mean = row["reward/mean"] if self.epoch == 1 else first_mean
                 self.log(progress_line(row, total, rate * (total - self.epoch), first_mean))

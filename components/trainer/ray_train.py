@@ -3,9 +3,10 @@
 Ray Train starts the workers and their ``torch.distributed`` group (gloo on CPU, NCCL on GPU); each worker
 samples and scores its share of the epoch's prompt groups, the rewards are gathered so advantages are
 computed over the whole batch, and gradients of the LoRA are averaged before every optimizer step. When a
-worker dies, Ray Train restarts the group (``FailureConfig``) and every worker resumes from the newest
-complete checkpoint under the run's output. The driver (this process) owns the MLflow run; worker rank 0
-logs into it.
+worker, its host or its link is lost, Ray Train restarts the group (``distributed.max_restarts`` times) and every
+worker resumes from the newest complete checkpoint under the run's output; a group that cannot be placed within
+``distributed.start_timeout_s`` stops the run with :class:`WorkersLostError`. The driver (this process) owns the
+MLflow run; worker rank 0 logs into it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from typing import Any
 
 from components.console import status_line
 from components.environ import patched_environ
+from components.errors import FlowGRPOError
 from components.tracking.tracker import NullTracker, open_tracker
+from components.trainer.checkpoint import latest_checkpoint
 from components.trainer.config import TrainingJobConfig
 from components.trainer.run_output import RunOutput
 
-MAX_FAILURES_ENV = "FLOWGRPO_RAY_MAX_FAILURES"
-DEFAULT_MAX_FAILURES = 3
+# Ray Train reads it in the driver and hands it to its controller: how long a worker group may wait for resources
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
 # Safe to hand to workers through Ray's runtime env, which the dashboard shows; secrets reach workers
 # through their own environment (the pod's Secrets in a cluster, the inherited one locally).
 _FORWARDED_ENV = ("HF_HUB_OFFLINE", "FLOWGRPO_CACHE_DIR", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
@@ -33,11 +37,24 @@ _FORWARDED_ENV = ("HF_HUB_OFFLINE", "FLOWGRPO_CACHE_DIR", "MLFLOW_HTTP_REQUEST_M
                   "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S")
 
 
+class WorkersLostError(FlowGRPOError):
+    """The Ray Train workers failed more often than ``distributed.max_restarts`` allows, or could not be placed
+    (again) within ``distributed.start_timeout_s``; the checkpoints written so far are kept."""
+
+
 def _worker_loop(args: dict[str, Any]) -> None:
+    import ray
+
     from components.trainer.collective import TorchCollective
     from components.trainer.loop import run_worker
 
     collective = TorchCollective()
+    # where each rank runs, said once per start of the group: after a restart it shows where the workers went
+    here = (ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()[:8])
+    placement = collective.all_gather(here)
+    if collective.is_main:
+        status_line("Ray Train workers: " + ", ".join(f"rank {rank} on {ip} (node {node})"
+                                                     for rank, (ip, node) in enumerate(placement)))
     config = TrainingJobConfig.model_validate(args["config"])
     tracker: NullTracker = NullTracker()
     if collective.is_main and args["run_id"]:
@@ -65,7 +82,7 @@ def _uses_gpu(config: TrainingJobConfig, cluster_gpus: float) -> bool:
 def run_on_ray(config: TrainingJobConfig, out: RunOutput, workers: int, tracker: NullTracker,
                log: Callable[[str], None] = status_line) -> None:
     """Train with ``workers`` Ray Train workers into ``out``; joins the Ray cluster at $RAY_ADDRESS (as in a
-    RayJob) or starts a local one. Raises when the workers fail more than $FLOWGRPO_RAY_MAX_FAILURES times."""
+    RayJob) or starts a local one. WorkersLostError when the workers cannot go on (``config.distributed``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
@@ -99,8 +116,8 @@ def _ray_session(ray: Any) -> Iterator[None]:
 
 def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, tracker: NullTracker,
          log: Callable[[str], None]) -> None:
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = ray.cluster_resources()
     gpu = _uses_gpu(config, resources.get("GPU", 0))
@@ -116,13 +133,52 @@ def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, trac
             "output": out.uri if out.remote else str(local), "run_id": tracker.run_id}
     name = "flowgrpo-" + hashlib.sha256(out.uri.encode()).hexdigest()[:12]
     env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+    d = config.distributed
     trainer = TorchTrainer(
         _worker_loop, train_loop_config=args,
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpu, resources_per_worker=per_worker),
+        # the process group's timeout bounds every collective op, gloo's as NCCL's (its watchdog aborts the op)
+        torch_config=TorchConfig(timeout_s=math.ceil(d.collective_timeout_s)),
         run_config=RunConfig(
             name=name, storage_path=str(local / ".ray"),
-            failure_config=FailureConfig(max_failures=int(os.environ.get(MAX_FAILURES_ENV, DEFAULT_MAX_FAILURES))),
+            # a group that cannot start within start_timeout_s is a controller failure; Ray retries those
+            # forever by default, which turns a node that never comes back into a run that never ends
+            failure_config=FailureConfig(max_failures=d.max_restarts, controller_failure_limit=0),
             worker_runtime_env={"env_vars": env},
         ),
     )
-    trainer.fit()
+    # Ray Train's print patch would send each of the workers' status lines to the driver twice
+    with patched_environ({START_TIMEOUT_ENV: str(d.start_timeout_s), PRINT_PATCH_ENV: "0"}):
+        try:
+            trainer.fit()
+        except TrainingFailedError as exc:
+            raise WorkersLostError(_describe_failure(ray, exc, config, out, workers, per_worker)) from None
+
+
+def _describe_failure(ray: Any, exc: Exception, config: TrainingJobConfig, out: RunOutput, workers: int,
+                      per_worker: dict[str, float]) -> str:
+    """Why the run stopped, which Ray nodes are gone, what the cluster lacks, and what is kept."""
+    from ray.train import ControllerError
+
+    d = config.distributed
+    if isinstance(exc, ControllerError):
+        why = (f"the {workers} Ray Train worker(s) could not be placed within distributed.start_timeout_s "
+               f"({d.start_timeout_s:g} s)")
+    else:
+        first = next(iter(getattr(exc, "worker_failures", {}).values()), exc)
+        why = (f"the Ray Train workers failed more than distributed.max_restarts ({d.max_restarts}) time(s), last "
+               f"with {_last_line(first)}")
+    nodes = ray.nodes()
+    lost = [f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]})" for n in nodes if not n["Alive"]]
+    free = ray.available_resources()
+    need = ", ".join(f"{k} {v:g}" for k, v in per_worker.items())
+    have = ", ".join(f"{k} {free.get(k, 0):g}" for k in per_worker)
+    newest = latest_checkpoint(out.uri)
+    kept = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written yet"
+    return (f"{why}; Ray nodes lost: {', '.join(lost) or 'none'}; the workers need {workers} x ({need}), "
+            f"the cluster has {have} free; {kept}")
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"

@@ -31,16 +31,12 @@ _SAMPLE_NAME = re.compile(r"epoch-(\d+)\.png")
 _VIDEO_NAME = re.compile(r"epoch-(\d+)-(\d+)\.gif")  # a video model's animated samples
 
 
-def _staging_root() -> Path:
-    return Path(os.environ.get(storage.CACHE_ENV) or Path.home() / ".cache" / "flowgrpo") / "runs"
-
-
 class RunOutput:
     def __init__(self, uri: str | os.PathLike[str]) -> None:
         self.uri = os.fspath(uri)
         self.remote = storage.is_remote(self.uri)
         if self.remote:
-            self.local = _staging_root() / hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+            self.local = storage.cache_root() / "runs" / hashlib.sha256(self.uri.encode()).hexdigest()[:16]
         else:
             self.local = Path(self.uri)
         # Checkpoints are assembled here before they are published under uri/checkpoints.

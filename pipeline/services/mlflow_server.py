@@ -40,18 +40,19 @@ def _healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None = None,
-                   timeout_s: float = 90) -> Iterator[MlflowServer]:
+                   timeout_s: float = 90, host: str = "127.0.0.1") -> Iterator[MlflowServer]:
     """Start ``mlflow server`` with its db (and local artifacts) under ``workdir``, wait for ``/health``,
     yield it, then stop its whole process group (also fine if it already died).
 
-    ``port`` pins the port, so a test can stop a server and start another where clients still point.
+    ``port`` pins the port, so a test can stop a server and start another where clients still point; ``host`` is
+    the address it listens on.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_ports(1)[0]
-    server = MlflowServer(url=f"http://127.0.0.1:{port}", port=port)
+    server = MlflowServer(url=f"http://{host}:{port}", port=port)
     args = [venv_binary("mlflow", "mlflow"), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+            "--host", host, "--port", str(port), "--workers", "1"]
     # The job runner and telemetry would otherwise add ~15 processes (2.4 GB) that SIGTERM leaves behind.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("MLFLOW_TRACKING_URI", None)

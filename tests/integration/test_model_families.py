@@ -461,7 +461,7 @@ def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
     limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert str(limits["nvidia.com/gpu"]) == "1" and group["replicas"] == 8
     assert config.model.kind == "diffusers" and config.model.dtype == "bfloat16"
-    check_world_size(config, config.cluster.workers.replicas)  # the global batch shards evenly
+    check_world_size(config, config.cluster.workers.training_workers)  # the global batch shards evenly
 
 
 FEWER_EPOCHS = {"tiny-qwenimage": 14, "tiny-zimage": 8}

@@ -100,7 +100,9 @@ def test_every_rayjob_validates_against_the_kuberay_crd(path, overrides):
     group = _worker(manifest)
     n = cluster.workers.replicas
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (n, n, n)
-    assert manifest["spec"]["entrypoint"].endswith(f"--ray-workers {n} --auto-resume")
+    # one training worker per GPU (each asks Ray for one), one per pod without GPUs: a pod's other GPUs never idle
+    per_pod = cluster.workers.gpus_per_worker or 1
+    assert manifest["spec"]["entrypoint"].endswith(f"--ray-workers {n * per_pod} --auto-resume")
     head, worker = _containers(manifest)
     assert head["image"] == worker["image"] == cluster.image
     assert "nvidia.com/gpu" not in head["resources"]["limits"]
@@ -153,7 +155,7 @@ def test_entrypoint_and_runtime_env_carry_the_exact_config(path, parent):
     config, manifest = _build(path, ["train.epochs=7"], output="s3://bucket/runs/a b", parent=parent)
     argv = shlex.split(manifest["spec"]["entrypoint"])
     assert argv == ["python", "-m", "components.trainer", "--config", "env:FLOWGRPO_EXPERIMENT_CONFIG",
-                    "--output", "s3://bucket/runs/a b", "--ray-workers", str(config.cluster.workers.replicas),
+                    "--output", "s3://bucket/runs/a b", "--ray-workers", str(config.cluster.workers.replicas * 1),
                     "--auto-resume"]
     env = yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]
     assert env["HF_HUB_OFFLINE"] == "1"

@@ -16,6 +16,7 @@ from components.launch.kubernetes.types import (
     ObjectName,
     Quantity,
     check_image,
+    check_shm,
     dns_label,
     pod_resources,
 )
@@ -24,17 +25,40 @@ from components.launch.kubernetes.types import (
 MIN_TOKEN_AUTH_RAY = (2, 52, 0)
 
 
+_SHM = ("/dev/shm of {pods} (memory-backed, counted in its memory): Ray's object store gets half (rayStartParams "
+        "object-store-memory), NCCL's transport between a pod's GPUs the rest")
+
+
 class HeadConfig(Section):
     cpu: Quantity = Field(default="1", description="CPU request = limit of the Ray head pod (it only coordinates)")
     memory: Quantity = Field(default="4Gi", description="memory request = limit of the Ray head pod")
+    shm_size: Quantity = Field(default="512Mi", description=_SHM.format(pods="the head pod"))
+
+    @model_validator(mode="after")
+    def _shm_fits(self) -> HeadConfig:
+        check_shm(self.shm_size, self.memory, "cluster.head")
+        return self
 
 
 class WorkersConfig(pod_resources("cluster.workers", "each worker pod", cpu="2", memory="8Gi",
                                   gpu_key="gpus_per_worker")):
     replicas: int = Field(
         default=1, ge=1, le=1024,
-        description="Ray worker pods; the trainer runs one training worker per pod (`--ray-workers`)",
+        description="Ray worker pods; the trainer runs one training worker per GPU of each (one per pod without "
+                    "GPUs): `--ray-workers` = replicas x max(gpus_per_worker, 1)",
     )
+
+    shm_size: Quantity = Field(default="1Gi", description=_SHM.format(pods="each worker pod"))
+
+    @model_validator(mode="after")
+    def _shm_fits(self) -> WorkersConfig:
+        check_shm(self.shm_size, self.memory, "cluster.workers")
+        return self
+
+    @property
+    def training_workers(self) -> int:
+        """Ray Train workers of the run: one per GPU (each asks for one), or one per CPU-only pod."""
+        return self.replicas * max(self.gpus_per_worker, 1)
 
 
 class RayJobConfig(Section):
@@ -52,6 +76,16 @@ class RayJobConfig(Section):
     )
     ray_token_auth: bool = Field(
         default=True, description="Ray token authentication between submitter, dashboard and nodes (Ray >= 2.52)",
+    )
+    network_interface: str = Field(
+        default="eth0", pattern=r"^[A-Za-z0-9_.-]{1,15}$",
+        description="the pods' interface for the training collective (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME): a "
+                    "pod's own is eth0; name another where the GPU nodes have a dedicated network",
+    )
+    termination_grace_s: int = Field(
+        default=120, ge=20, le=3600,
+        description="terminationGracePeriodSeconds of the worker pods: a pod being deleted (a drained or preempted "
+                    "node) first lets a checkpoint it is writing finish (its preStop hook waits up to this less 10 s)",
     )
     head: HeadConfig = Field(default_factory=HeadConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)

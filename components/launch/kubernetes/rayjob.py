@@ -18,6 +18,7 @@ from components.config_base import URL_USERINFO, url_credentials_at
 from components.errors import LaunchError
 from components.launch.kubernetes import podspec
 from components.launch.kubernetes.cluster_config import RayJobConfig
+from components.launch.kubernetes.types import object_store_bytes
 from components.storage import StorageError
 from components.tracking.tracker import PARENT_RUN_ENV
 from components.trainer.entry import CONFIG_ENV
@@ -28,6 +29,8 @@ NAME_PREFIX = "flowgrpo-"
 # services append up to "-serve-svc" within the 63 characters of a DNS label. It must be a DNS-1035 label.
 MAX_NAME = 47
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
+# seconds of a worker pod's grace period left after its preStop drain, for Ray to stop on SIGTERM
+DRAIN_MARGIN_S = 10
 # The pod of KubeRay's submitter Job (K8sJobMode) carries no label of ours: KubeRay v1.7.0 labels it with the RayJob
 # it runs for (rayjob_controller.go, getSubmitterTemplate).
 SUBMITTER_CRD_LABEL, SUBMITTER_NAME_LABEL = "ray.io/originated-from-crd", "ray.io/originated-from-cr-name"
@@ -54,7 +57,7 @@ def default_run_id(config: LaunchableConfig, label: str) -> str:
     return f"{label}-{digest[:10]}"
 
 
-def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str, gpus: int,
+def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str, gpus: int, shm_size: str,
          head: bool) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "ray",  # KubeRay treats the first container as the Ray container
@@ -66,6 +69,10 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
             # The root filesystem is read-only: every cache kept under $HOME (the base model copied from s3://,
             # checkpoints being staged, torch, Triton, Hugging Face) goes to the /tmp emptyDir.
             {"name": "HOME", "value": "/tmp"},
+            # gloo and NCCL bind the interface the pod's hostname resolves to, or loopback when they cannot tell:
+            # named, the collective crosses the network the Ray nodes share
+            {"name": "GLOO_SOCKET_IFNAME", "value": cluster.network_interface},
+            {"name": "NCCL_SOCKET_IFNAME", "value": cluster.network_interface},
             *podspec.secret_env(cluster.s3_secret, podspec.S3_SECRET_KEYS),
             *podspec.secret_env(cluster.mlflow_secret, podspec.MLFLOW_SECRET_KEYS),
         ],
@@ -83,10 +90,16 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         "securityContext": podspec.pod_security(1000),
         # No size limit on /tmp: it takes the node's disk as the container's writable layer did, and a base model
         # of tens of GB must fit beside the checkpoints.
-        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [{"name": "tmp", "emptyDir": {}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}],
     }
     if not head:
         spec.update(podspec.placement(cluster.workers.node_selector, cluster.workers.tolerations))
+        # rank 0 may be writing a checkpoint when its pod is deleted: the hook lets it finish, SIGTERM comes after
+        spec["terminationGracePeriodSeconds"] = cluster.termination_grace_s
+        drain = ["python", "-m", "components.trainer.drain",
+                 "--timeout", str(cluster.termination_grace_s - DRAIN_MARGIN_S)]
+        container["lifecycle"] = {"preStop": {"exec": {"command": drain}}}
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
@@ -126,20 +139,22 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
         env_vars[PARENT_RUN_ENV] = parent_run_id
     replicas = cluster.workers.replicas
     entrypoint = (f"python -m components.trainer --config env:{CONFIG_ENV} --output {shlex.quote(output)} "
-                  f"--ray-workers {replicas} --auto-resume")  # a retried job (backoffLimit) continues
+                  f"--ray-workers {cluster.workers.training_workers} --auto-resume")  # a retried job continues
     cluster_spec: dict[str, Any] = {
         "rayVersion": cluster.ray_version,
         "headGroupSpec": {
             # num-cpus 0: no training task lands on the head, which is sized only to coordinate.
-            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
-            "template": _pod(cluster, labels, cpu=cluster.head.cpu, memory=cluster.head.memory, gpus=0, head=True),
+            "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0",
+                               "object-store-memory": str(object_store_bytes(cluster.head.shm_size))},
+            "template": _pod(cluster, labels, cpu=cluster.head.cpu, memory=cluster.head.memory, gpus=0,
+                             shm_size=cluster.head.shm_size, head=True),
         },
         "workerGroupSpecs": [{
             "groupName": "workers",
             "replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas,
-            "rayStartParams": {},
+            "rayStartParams": {"object-store-memory": str(object_store_bytes(cluster.workers.shm_size))},
             "template": _pod(cluster, labels, cpu=cluster.workers.cpu, memory=cluster.workers.memory, gpus=gpus,
-                             head=False),
+                             shm_size=cluster.workers.shm_size, head=False),
         }],
     }
     if cluster.ray_token_auth:

@@ -25,6 +25,38 @@ def _quantity(value: str) -> str:
     return value
 
 
+_FACTORS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+            "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def quantity_value(value: str) -> float:
+    """A valid quantity as a number: "500m" -> 0.5, "8Gi" -> 8 x 2^30."""
+    match = _QUANTITY.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    return float(match.group(1)) * _FACTORS.get(match.group(3) or "", 1)
+
+
+# Ray's object store lives in /dev/shm and needs at least 75 MiB; it gets half of the volume (object_store_bytes)
+MIN_SHM_BYTES = 256 * 2**20
+
+
+def object_store_bytes(shm_size: str) -> int:
+    """Ray's object store on a pod with ``shm_size`` of /dev/shm: half of it, the other half left to NCCL's
+    shared-memory transport between the GPUs of one pod (Ray would otherwise size its store from the pod's memory
+    and spill past the volume)."""
+    return int(quantity_value(shm_size) // 2)
+
+
+def check_shm(shm_size: str, memory: str, where: str) -> None:
+    if quantity_value(shm_size) < MIN_SHM_BYTES:
+        raise ValueError(f"{where}.shm_size {shm_size} is below 256Mi: Ray's object store takes half of it and needs "
+                         "75 MiB")
+    if quantity_value(shm_size) > quantity_value(memory):
+        raise ValueError(f"{where}.shm_size {shm_size} exceeds {where}.memory {memory}: /dev/shm is memory-backed "
+                         "and counted in the pod's memory limit")
+
+
 def dns_label(value: str) -> str:
     if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
         raise ValueError("not a DNS-1123 label (lowercase letters, digits and '-'; at most 63)")
