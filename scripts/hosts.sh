@@ -53,6 +53,10 @@ up)
 down)
     for ns in $(hosts); do kill_host "$ns"; done
     for ns in $(hosts); do ip netns del "$ns"; done
+    # a namespace lives on while anything still holds it (its veth pair with it): delete our ends of the links
+    for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^$name-v[0-9]+$" || true); do
+        ip link del "$link" 2>/dev/null || true
+    done
     ip link del "$bridge" 2>/dev/null || true
     ;;
 kill) [ $# -eq 3 ] || usage; kill_host "$name-h$3" ;;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -36,6 +37,11 @@ VENV_BIN = Path(sys.executable).parent
 
 def hosts_script(*args: str) -> str:
     return subprocess.run(["bash", str(SCRIPT), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _ipv4(endpoint: str) -> str:
+    """``[::ffff:10.0.0.1]:80`` (an IPv4 peer of a dual-stack socket, as gloo's are) as ``10.0.0.1:80``."""
+    return re.sub(r"^\[::ffff:([\d.]+)\]", r"\1", endpoint)
 
 
 def container(pod: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +89,7 @@ class Host:
 class NetnsCluster:
     """Hosts ``NAME-h0`` .. ``NAME-h{n-1}``; host 0 is the Ray head."""
 
-    def __init__(self, name: str, n: int, workdir: Path, subnet: str = "10.231.0") -> None:
+    def __init__(self, name: str, n: int, workdir: Path, subnet: str) -> None:
         self.name, self.workdir = name, workdir
         self.bridge_address = f"{subnet}.1"
         lines = hosts_script("up", name, str(n), subnet).split()
@@ -153,12 +159,51 @@ class NetnsCluster:
                                    f"logs in {self.workdir}")
             time.sleep(1)
 
-    def entrypoint(self, log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        """The RayJob's entrypoint on the head host, with the runtime env's variables and RAY_ADDRESS."""
-        assert self.rayjob is not None
-        runtime = yaml.safe_load(self.rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
-        env = {**self._base_env(self.head), **runtime, "RAY_ADDRESS": self.ray_address, **(extra_env or {})}
-        return self.popen(self.head, ["bash", "-c", self.rayjob["spec"]["entrypoint"]], env, log)
+    def layout(self, rayjob: dict[str, Any]) -> list:
+        """What the hosts take from ``rayjob``: each pod's ``ray start`` arguments and environment (RayJobs of other
+        runs on the same cluster differ only in names, labels, entrypoint and runtime env)."""
+        keep, self.rayjob = self.rayjob, rayjob
+        try:
+            spec = rayjob["spec"]["rayClusterSpec"]
+            groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+            return [(ray_start_args(g, head=i == 0, head_address=self.head.address), self._base_env(h))
+                    for i, (g, h) in enumerate(zip(groups, self.hosts[:2], strict=True))]
+        finally:
+            self.rayjob = keep
+
+    def wait_until_gone(self, address: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while address in self.alive_nodes():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Ray still counts the node at {address} alive after {timeout_s:g} s")
+            time.sleep(1)
+
+    def entrypoint(self, rayjob: dict[str, Any], log: Path) -> subprocess.Popen:
+        """``rayjob``'s entrypoint on the head host, with its runtime env's variables and RAY_ADDRESS, as KubeRay's
+        job submission runs the driver. The RayJob must describe the cluster that is running."""
+        assert self.rayjob is not None, "start_ray(rayjob, ...) first"
+        if self.layout(rayjob) != self.layout(self.rayjob):
+            raise ValueError("this RayJob describes another cluster than the one running: start_ray(it) instead")
+        runtime = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])["env_vars"]
+        env = {**self._base_env(self.head), **runtime, "RAY_ADDRESS": self.ray_address}
+        return self.popen(self.head, ["bash", "-c", rayjob["spec"]["entrypoint"]], env, log)
+
+    def run_in_pod(self, index: int, command: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+        """``command`` on host ``index`` in its pod's environment (what a Kubernetes exec hook gets)."""
+        host = self.hosts[index]
+        return subprocess.run(["ip", "netns", "exec", f"{self.name}-h{index}", *command], env=self._base_env(host),
+                              cwd=host.home, capture_output=True, text=True, timeout=timeout_s)
+
+    def connections(self, index: int) -> list[tuple[str, str, str]]:
+        """Host ``index``'s established TCP connections: (local address:port, peer address:port, process)."""
+        out = subprocess.run(["ip", "netns", "exec", f"{self.name}-h{index}", "ss", "-tnpH", "state", "established"],
+                             check=True, capture_output=True, text=True).stdout
+        found = []
+        for line in out.splitlines():
+            parts = line.split()
+            users = re.search(r'users:\(\("([^"]+)"', line)
+            found.append((_ipv4(parts[2]), _ipv4(parts[3]), users.group(1) if users else ""))
+        return found
 
     def kill(self, index: int) -> None:
         """kill -9 every process of host ``index`` (its pod is gone)."""
@@ -183,8 +228,9 @@ class NetnsCluster:
 
 
 @contextlib.contextmanager
-def netns_cluster(name: str, n: int, workdir: Path) -> Iterator[NetnsCluster]:
-    cluster = NetnsCluster(name, n, workdir)
+def netns_cluster(name: str, n: int, workdir: Path, subnet: str) -> Iterator[NetnsCluster]:
+    """``n`` hosts (scripts/hosts.sh up), deleted with every process on them at the end."""
+    cluster = NetnsCluster(name, n, workdir, subnet)
     try:
         yield cluster
     finally:

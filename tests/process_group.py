@@ -27,3 +27,14 @@ def run_in_process_group(fn: Callable[..., None], world: int, *args: Any) -> Non
     """``fn(rank, *args)`` on ``world`` spawned processes; raises if any of them raised. ``fn`` must be importable
     (a module-level function) and its arguments picklable."""
     mp.start_processes(_entry, args=(fn, world, free_port(), args), nprocs=world, start_method="spawn")
+
+
+def train_tiny(rank: int, overrides: list[str], output: str) -> None:
+    """One worker of a tiny-model run with ``overrides`` into ``output``: what a Ray Train worker runs."""
+    from components.trainer.collective import TorchCollective
+    from components.trainer.loop import run_worker
+    from components.trainer.run_output import RunOutput
+    from pipeline.config import TINY_CONFIG, load_config
+
+    run_worker(load_config(TINY_CONFIG, overrides), RunOutput(output), log=lambda _: None,
+               collective=TorchCollective())
