@@ -18,9 +18,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 RAY_SCOPE = "ray"
 SHARED_SCOPES = {
     "tests/integration/test_ray_train.py": RAY_SCOPE, "tests/integration/test_ray_startup.py": RAY_SCOPE,
-    "tests/integration/test_rayjob_readonly_root.py": RAY_SCOPE,
+    "tests/integration/test_rayjob_readonly_root.py": RAY_SCOPE, "tests/integration/test_multihost.py": RAY_SCOPE,
     "tests/benchmarks/test_benchmark_smoke_runs.py::test_the_benchmark_smoke_run_prints_its_figures[bench_ray.py]":
         RAY_SCOPE,
+    "tests/benchmarks/test_benchmark_smoke_runs.py::test_the_benchmark_smoke_run_prints_its_figures"
+    "[bench_multihost.py]": RAY_SCOPE,
 }
 PER_TEST_FILES = ("tests/benchmarks/test_benchmark_smoke_runs.py", "tests/integration/test_model_families.py",
                   "tests/integration/test_video_family.py")

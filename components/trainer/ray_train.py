@@ -120,6 +120,7 @@ def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, trac
     from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = ray.cluster_resources()
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # a failure names those of them it lost
     gpu = _uses_gpu(config, resources.get("GPU", 0))
     per_worker: dict[str, float] = {"CPU": worker_cpus(resources.get("CPU", 1), workers)}
     if gpu:
@@ -152,12 +153,13 @@ def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, trac
         try:
             trainer.fit()
         except TrainingFailedError as exc:
-            raise WorkersLostError(_describe_failure(ray, exc, config, out, workers, per_worker)) from None
+            raise WorkersLostError(_describe_failure(ray, exc, config, out, workers, per_worker, nodes)) from None
 
 
 def _describe_failure(ray: Any, exc: Exception, config: TrainingJobConfig, out: RunOutput, workers: int,
-                      per_worker: dict[str, float]) -> str:
-    """Why the run stopped, which Ray nodes are gone, what the cluster lacks, and what is kept."""
+                      per_worker: dict[str, float], nodes: set[str]) -> str:
+    """Why the run stopped, which of the Ray ``nodes`` it started with are gone, what the cluster lacks, and what
+    is kept."""
     from ray.train import ControllerError
 
     d = config.distributed
@@ -168,8 +170,8 @@ def _describe_failure(ray: Any, exc: Exception, config: TrainingJobConfig, out: 
         first = next(iter(getattr(exc, "worker_failures", {}).values()), exc)
         why = (f"the Ray Train workers failed more than distributed.max_restarts ({d.max_restarts}) time(s), last "
                f"with {_last_line(first)}")
-    nodes = ray.nodes()
-    lost = [f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]})" for n in nodes if not n["Alive"]]
+    lost = [f"{n['NodeManagerAddress']} (node {n['NodeID'][:8]}, {state})" for n in ray.nodes()
+            if n["NodeID"] in nodes and (state := _node_state(n)) != "up"]
     free = ray.available_resources()
     need = ", ".join(f"{k} {v:g}" for k, v in per_worker.items())
     have = ", ".join(f"{k} {free.get(k, 0):g}" for k in per_worker)
@@ -177,6 +179,18 @@ def _describe_failure(ray: Any, exc: Exception, config: TrainingJobConfig, out: 
     kept = f"the newest checkpoint is {newest}" if newest else "no checkpoint was written yet"
     return (f"{why}; Ray nodes lost: {', '.join(lost) or 'none'}; the workers need {workers} x ({need}), "
             f"the cluster has {have} free; {kept}")
+
+
+def _node_state(node: dict[str, Any]) -> str:
+    """"dead" when Ray says so; "unreachable" when its raylet does not answer a connection now (a partition: Ray
+    takes about a minute to declare such a node dead); else "up"."""
+    if not node["Alive"]:
+        return "dead"
+    try:
+        socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), timeout=3).close()
+    except OSError:
+        return "unreachable"
+    return "up"
 
 
 def _last_line(exc: BaseException) -> str:

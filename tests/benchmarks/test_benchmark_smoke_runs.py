@@ -36,6 +36,15 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
         rf"steady-state epoch: single process {NUM} s, 1 Ray worker {NUM} s, 2 Ray workers {NUM} s",
         rf"Ray overhead: 1 worker / single process = {NUM}", rf"2 workers / 1 worker epoch time = {NUM}",
     ]),
+    "scaling_model.py": (["--recipes", "sd35-medium-ocr", "--workers", "1,8"], [
+        rf"(?m)^\| 8 \| NVLink \| 144 \| 2 \| {NUM} \| {NUM} \| {NUM} \| {NUM}% \|",
+        r"Below 90% efficiency:",
+    ]),
+    "bench_multihost.py": (["--epochs", "4", "--prompts", "4"], [
+        rf"link between two hosts \(veth \+ bridge\): {NUM} GB/s, {NUM} us one way",
+        rf"1 worker, steady-state epoch: sampling {NUM} s \+ scoring {NUM} s \+ training {NUM} s = {NUM} s",
+        rf"2 workers on 2 hosts: predicted {NUM} s, measured {NUM} s, predicted / measured = {NUM}",
+    ]),
     "bench_gpu_throughput.py": (["--epochs", "1"], [
         rf"(?m)^epoch images/s\s+{NUM}\s+{NUM}$", rf"(?m)^sampling / diffusers \(target <= 1\.1\)\s+{NUM}\s+{NUM}$",
         r"(?m)^unique graphs after warm-up / measured\s+0 / 0\s+(\d+) / \1$",  # compiled once, nothing recompiled

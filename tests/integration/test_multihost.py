@@ -48,6 +48,7 @@ RUN = ["sampling.prompts_per_epoch=4", "sampling.group_size=4", "sampling.batch_
        "cluster.workers.replicas=2", "cluster.workers.cpu=1", "cluster.workers.memory=2Gi",
        "cluster.workers.shm_size=256Mi", "cluster.head.cpu=1", "cluster.head.memory=2Gi",
        "cluster.head.shm_size=256Mi", "cluster.termination_grace_s=30"]
+NODE_DEATH_S = 70  # Ray declares a node that stopped answering dead after about this long (measured 60-66 s)
 PLACEMENT = re.compile(r"Ray Train workers: (.*)")
 RANK = re.compile(r"rank (\d+) on ([\d.]+) \(node (\w+)\)")
 
@@ -123,6 +124,25 @@ def world() -> Iterator[World]:
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def whole_cluster(world: World) -> None:
+    """Each test starts on three live hosts, whatever the one before it left cut or killed."""
+    cluster = world.cluster
+    for host in cluster.hosts[1:]:
+        cluster.mend(host.index)
+    alive = cluster.alive_nodes()
+    if cluster.head.address not in alive:
+        cluster.stop_ray()
+        cluster.start_ray(cluster.rayjob, cluster.secrets)
+        return
+    for host in cluster.hosts[1:]:
+        if host.address not in alive or not any(p.poll() is None for p in host.procs):
+            cluster.kill(host.index)
+            cluster.wait_until_gone(host.address, 120)
+            cluster.start_node(host)
+    cluster.wait_for_nodes(len(cluster.hosts), 120)
 
 
 def _launch(world: World, rayjob: dict, name: str) -> tuple[subprocess.Popen, Log]:
@@ -267,18 +287,23 @@ def test_a_partition_times_out_the_collective_and_a_host_that_stays_away_stops_t
     cut = time.monotonic()
     world.cluster.cut(victim)
     timed_out = log.wait_for(r"Timed out waiting 10000ms", proc, after=cut, timeout_s=120)
+    gave_up = log.wait_for(r"FailurePolicy\] RAISE", proc, after=cut, timeout_s=300)
     rc = proc.wait(300)
     stopped = time.monotonic()
     error = next(line for _, line in log.poll() if line.startswith("trainer: error:"))
     timeout_s, start_s = config.distributed.collective_timeout_s, config.distributed.start_timeout_s
     print(f"\npartition mid-run: the collective timed out {timed_out - cut:.1f} s after the cut "
-          f"(distributed.collective_timeout_s {timeout_s:g}); the run stopped {stopped - cut:.1f} s after it "
-          f"(+ start_timeout_s {start_s:g})\n{error}")
+          f"(distributed.collective_timeout_s {timeout_s:g}), Ray Train gave up placing the workers at "
+          f"{gave_up - cut:.1f} s (+ start_timeout_s {start_s:g}), the run stopped at {stopped - cut:.1f} s\n{error}")
     assert rc == 2
     assert timed_out - cut < timeout_s + 10
-    assert stopped - cut < timeout_s + start_s + 45
+    # the restart waits start_timeout_s for the workers' resources only once the old group is gone, and Ray Train
+    # lets the group on a cut host go when Ray declares its node dead: about a minute after it stops answering
+    # (Ray's health checks, RAY_health_check_* on the head), here measured 60-66 s
+    assert gave_up - cut < max(timeout_s, NODE_DEATH_S) + start_s + 15
+    assert stopped - gave_up < 15
     address = world.cluster.hosts[victim].address
-    assert f"{address} (node" in error and "unreachable" in error
+    assert re.search(rf"Ray nodes lost: {re.escape(address)} \(node \w+, (unreachable|dead)\);", error), error
     assert "epoch-000002" in error
     command = re.search(r"run `([^`]+)`", error).group(1)
     assert command == rayjob["spec"]["entrypoint"].replace(" --auto-resume", "") + " --resume"
@@ -345,6 +370,10 @@ def test_the_hosts_run_what_the_rayjob_says(world: World, reference: dict):
     done = cluster.run_in_pod(1, hook, timeout_s=grace)
     assert done.returncode == 0 and "no checkpoint being written" in done.stderr, done.stderr
     assert time.monotonic() - started < grace
+    # restart policy: a retried RayJob (backoffLimit) runs the same entrypoint on a new cluster, and it continues
+    # what is there (the head test submits it again so); the cluster goes when the job ends
+    assert rayjob["spec"]["entrypoint"].endswith(" --auto-resume")
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
     # the run's identity: RayJob name, run id and output are the same on a re-submission (the head test's resume)
     assert build_rayjob(world.config("reference"), run_id="reference",
                         output=world.output(rayjob))["spec"] == rayjob["spec"]

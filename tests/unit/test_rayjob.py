@@ -193,6 +193,11 @@ def test_yaml_output_round_trips_without_anchors_or_folded_lines():
         (["cluster.ray_version=2.40.0"], ["cluster.ray_token_auth", "2.52"]),
         (["cluster.workers.tolerations=[{key: a, operator: Exists, value: b}]"], ["cluster.workers.tolerations.0"]),
         (["cluster.workers.gpu=1"], ["cluster.workers.gpu", "unknown key"]),
+        (["cluster.workers.shm_size=16Gi"], ["cluster.workers.shm_size 16Gi exceeds cluster.workers.memory 8Gi"]),
+        (["cluster.head.shm_size=100Mi"], ["cluster.head.shm_size 100Mi is below 256Mi"]),
+        (["cluster.network_interface=eth0;rm"], ["cluster.network_interface"]),
+        (["cluster.termination_grace_s=5"], ["cluster.termination_grace_s", "greater than or equal to 20"]),
+        (["distributed.collective_timeout_s=0"], ["distributed.collective_timeout_s", "greater than 0"]),
     ],
 )
 def test_invalid_cluster_configs_are_rejected_naming_the_key(overrides, needles):
@@ -312,3 +317,30 @@ def test_the_ray_pods_are_reachable_from_their_own_rayjob_only(port):
     # KubeRay's operator, in its own namespace, follows (HTTPMode: submits) the job on the dashboard, nothing else
     operator = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/component": "kuberay-operator"}
     assert admits(policy, operator, port, namespace={"kubernetes.io/metadata.name": "kuberay"}) is (port == 8265)
+
+
+@pytest.mark.parametrize(("path", "overrides"), [(TINY, []), (SD35, ["cluster.workers.gpus_per_worker=4"])])
+def test_the_pods_carry_what_a_multi_node_run_needs(path, overrides):
+    """The settings tests/integration/test_multihost.py starts its hosts from: the collective's interface, /dev/shm
+    and Ray's object store, the grace period and the drain that uses it, one training worker per GPU."""
+    config, manifest = _build(path, overrides)
+    cluster = config.cluster
+    spec = manifest["spec"]["rayClusterSpec"]
+    for group, shm in ((spec["headGroupSpec"], cluster.head.shm_size),
+                       (spec["workerGroupSpecs"][0], cluster.workers.shm_size)):
+        pod = group["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == cluster.network_interface == "eth0"
+        volume = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
+        assert volume == {"medium": "Memory", "sizeLimit": shm}
+        units = {"Mi": 2**20, "Gi": 2**30}
+        assert int(group["rayStartParams"]["object-store-memory"]) == int(shm[:-2]) * units[shm[-2:]] // 2
+    worker = spec["workerGroupSpecs"][0]["template"]["spec"]
+    grace = worker["terminationGracePeriodSeconds"]
+    assert grace == cluster.termination_grace_s
+    hook = worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook == ["python", "-m", "components.trainer.drain", "--timeout", str(grace - 10)]
+    assert "terminationGracePeriodSeconds" not in spec["headGroupSpec"]["template"]["spec"]
+    gpus = cluster.workers.gpus_per_worker
+    workers = shlex.split(manifest["spec"]["entrypoint"])
+    assert int(workers[workers.index("--ray-workers") + 1]) == cluster.workers.replicas * max(gpus, 1)
