@@ -66,13 +66,16 @@ def _worker_loop(args: dict[str, Any]) -> None:
         tracker.close()
 
 
-def worker_cpus(cluster_cpus: float, workers: int) -> float:
+def worker_cpus(cluster_cpus: float, workers: int, largest_node_cpus: float | None = None) -> float:
     """Each worker's CPU request: whole CPUs split evenly, or a fraction of one when there are more workers than
     CPUs (a whole CPU each would wait for resources the cluster will never have). Ray keeps 4 decimals of a
-    fraction: rounded down, so the requests never sum past the cluster."""
+    fraction: rounded down, so the requests never sum past the cluster. Never more than the largest node holds: a
+    worker runs on one node, and fewer workers than pods would otherwise ask for more CPUs than any pod has."""
     if cluster_cpus >= workers:
-        return max(1, int(cluster_cpus // workers))
-    return math.floor(cluster_cpus / workers * 10_000) / 10_000
+        share: float = max(1, int(cluster_cpus // workers))
+    else:
+        share = math.floor(cluster_cpus / workers * 10_000) / 10_000
+    return min(share, largest_node_cpus) if largest_node_cpus else share
 
 
 def _uses_gpu(config: TrainingJobConfig, cluster_gpus: float) -> bool:
@@ -120,9 +123,11 @@ def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, trac
     from ray.train.torch import TorchConfig, TorchTrainer
 
     resources = ray.cluster_resources()
-    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}  # a failure names those of them it lost
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    nodes = {n["NodeID"] for n in alive}  # a failure names those of them it lost
+    largest = max(n["Resources"].get("CPU", 0) for n in alive) if alive else None
     gpu = _uses_gpu(config, resources.get("GPU", 0))
-    per_worker: dict[str, float] = {"CPU": worker_cpus(resources.get("CPU", 1), workers)}
+    per_worker: dict[str, float] = {"CPU": worker_cpus(resources.get("CPU", 1), workers, largest)}
     if gpu:
         per_worker["GPU"] = 1
     log(f"Ray Train: {workers} worker(s), {per_worker} each, {'NCCL' if gpu else 'gloo'}")

@@ -138,6 +138,9 @@ def main() -> None:
           f"epoch on 2 workers; {args.prompts * 4} images an epoch; {args.epochs} epochs a run ({wall:.0f} s both)")
     print(f"1 worker, steady-state epoch: sampling {s:.3f} s + scoring {sc:.3f} s + training {t:.3f} s = "
           f"{measured_one:.3f} s")
+    s2, sc2, t2 = (steady(two, k) for k in EPOCH_KEYS)
+    print(f"2 workers, steady-state epoch: sampling {s2:.3f} s + scoring {sc2:.3f} s + training {t2:.3f} s "
+          f"(half the 1-worker phases: {s / 2:.3f} s, {sc / 2:.3f} s, {t / 2:.3f} s)")
     print(f"2 workers on 2 hosts: predicted {predicted:.3f} s, measured {measured_two:.3f} s, "
           f"predicted / measured = {predicted / measured_two:.3f}")
     print(f"speed-up 1 -> 2 hosts: measured {measured_one / measured_two:.2f}x, "

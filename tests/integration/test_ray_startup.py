@@ -82,6 +82,13 @@ def test_worker_cpu_requests_fit_the_cluster(cpus, workers):
         assert cpus / workers - share < 1e-4
 
 
+@pytest.mark.parametrize(("cpus", "workers", "largest", "expected"), [(2, 1, 1, 1), (16, 2, 4, 4), (16, 2, 8, 8),
+                                                                        (16, 4, 8, 4)])
+def test_a_worker_never_asks_for_more_cpus_than_one_node_has(cpus, workers, largest, expected):
+    # two pods of one CPU and one training worker: an even split of the cluster (2) fits no pod
+    assert worker_cpus(cpus, workers, largest) == expected
+
+
 @pytest.mark.parametrize(("argv", "field", "expected"), [
     (["train", "--config", "x", "a=1", "--ray-workers", "2", "b=2"], "overrides", ["a=1", "b=2"]),
     (["validate", "--config", "x", "a=1", "b=2", "c=3"], "overrides", ["a=1", "b=2", "c=3"]),
