@@ -261,7 +261,8 @@ def test_a_worker_host_killed_mid_epoch_and_back_resumes_and_ends_bit_identical(
     world.cluster.kill(victim)  # every process of the host: its raylet and the training worker on it
     time.sleep(2)
     world.cluster.start_node(world.cluster.hosts[victim])  # KubeRay recreates the pod
-    resumed = log.wait_for(r"resumed from .*epoch-000002", proc, after=killed)
+    # from the checkpoint of epoch 2 (or of 4, should the driver's copy of the log lag behind the workers)
+    resumed = log.wait_for(r"resumed from .*epoch-0000(02|04)", proc, after=killed)
     training = log.wait_for(r"epoch 3/", proc, after=resumed)
     _finish(proc, log)
     print(f"\nhost killed mid-epoch 4 (back 2 s later): resumed from its checkpoint {resumed - killed:.1f} s after "
@@ -304,7 +305,8 @@ def test_a_partition_times_out_the_collective_and_a_host_that_stays_away_stops_t
     assert stopped - gave_up < 15
     address = world.cluster.hosts[victim].address
     assert re.search(rf"Ray nodes lost: {re.escape(address)} \(node \w+, (unreachable|dead)\);", error), error
-    assert "epoch-000002" in error
+    newest = ckpt.latest_checkpoint(world.output(rayjob))
+    assert f"the newest checkpoint is {newest};" in error and newest.endswith(("epoch-000002", "epoch-000004"))
     command = re.search(r"run `([^`]+)`", error).group(1)
     assert command == rayjob["spec"]["entrypoint"].replace(" --auto-resume", "") + " --resume"
 
@@ -317,7 +319,7 @@ def test_a_partition_times_out_the_collective_and_a_host_that_stays_away_stops_t
     resume = dict(rayjob, spec=dict(rayjob["spec"], entrypoint=command))
     proc, log = _launch(world, resume, "partition-resumed")
     _finish(proc, log)
-    assert re.search(r"resumed from .*epoch-000002", log.text())
+    assert f"resumed from {newest} " in log.text()
     assert _equal(_lora(world.output(rayjob)), reference["lora"])
     assert _mlflow_steps(world, "partition") == list(range(1, EPOCHS + 1))
 
