@@ -28,12 +28,18 @@ def _write_for(seconds: float, cache_dir: str) -> None:
         time.sleep(seconds)
 
 
-def test_the_drain_waits_for_a_checkpoint_being_written_and_no_longer(tmp_path):
-    writer = multiprocessing.get_context("spawn").Process(target=_write_for, args=(2.0, str(tmp_path / "cache")))
+def _writer(seconds: float, tmp_path) -> multiprocessing.Process:
+    """A process writing a checkpoint for ``seconds``, returned once its mark is there."""
+    writer = multiprocessing.get_context("spawn").Process(target=_write_for, args=(seconds, str(tmp_path / "cache")))
     writer.start()
     deadline = time.monotonic() + 30
     while not drain.writers() and time.monotonic() < deadline:
         time.sleep(0.05)
+    return writer
+
+
+def test_the_drain_waits_for_a_checkpoint_being_written_and_no_longer(tmp_path):
+    writer = _writer(2.0, tmp_path)
     assert drain.writers() == [writer.pid]
     started = time.monotonic()
     assert drain.wait_for_writers(30) == []  # the writer finished: nothing left busy
@@ -44,11 +50,8 @@ def test_the_drain_waits_for_a_checkpoint_being_written_and_no_longer(tmp_path):
 
 
 def test_a_writer_killed_mid_checkpoint_does_not_hold_the_drain(tmp_path):
-    writer = multiprocessing.get_context("spawn").Process(target=_write_for, args=(60.0, str(tmp_path / "cache")))
-    writer.start()
-    deadline = time.monotonic() + 30
-    while not drain.writers() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    writer = _writer(60.0, tmp_path)
+    assert drain.writers() == [writer.pid]
     writer.kill()
     writer.join()
     marker = tmp_path / "cache" / "drain" / f"checkpoint-writing-{writer.pid}"
