@@ -57,9 +57,9 @@ def run(config: TrainingJobConfig, args: argparse.Namespace, *, record: dict[str
         result = train(config, output, resume=args.resume, parent_run_id=args.mlflow_parent_run_id,
                        workers=args.ray_workers, record=record)
     except WorkersLostError as exc:
-        raise WorkersLostError(f"{exc}; to continue from it once the cluster has the workers' resources, run "
-                               f"`{resume_command(sys.orig_argv)}` (in a RayJob: submit it again with the same run "
-                               "id; its entrypoint resumes)") from None
+        raise WorkersLostError(f"{exc}; to continue from it once the cause is gone (the nodes back, a bug fixed), "
+                               f"run `{resume_command(sys.orig_argv)}` (in a RayJob: submit it again with the same "
+                               "run id; its entrypoint resumes)") from None
     print(describe_learning(result.learning_summary()))
     print(f"LoRA: {result.lora_uri}  metrics: {result.metrics_uri}")
     if result.mlflow_run_url:
