@@ -230,7 +230,7 @@ class Trainer:
         self.algorithm = build_algorithm(config, self.model, self.params)
         self.epoch = 0
         self.optimizer_step = 0
-        self.tracked_through = 0  # epochs the MLflow run already holds (from before a resume): not logged again
+        self.tracked_through = -1  # the last epoch the MLflow run holds (from before a resume): none logged again
         self.metrics = MetricsFile(self.output.local / METRICS_FILE)
 
     def _place_model(self) -> list[torch.nn.Parameter]:
@@ -300,7 +300,8 @@ class Trainer:
             self.output.fetch(METRICS_FILE)
             self.metrics.truncate_after(self.epoch)
             self.output.publish(METRICS_FILE)
-            self.tracked_through = self.tracker.last_step(TRACKED_STEP_KEY) or 0
+            last = self.tracker.last_step(TRACKED_STEP_KEY)
+            self.tracked_through = -1 if last is None else last
             self.log(f"resumed from {path} (epoch {self.epoch}, optimizer step {self.optimizer_step})")
 
     # -- one epoch ---------------------------------------------------------------------------------
