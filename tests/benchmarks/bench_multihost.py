@@ -2,10 +2,12 @@
 
 Three hosts in network namespaces (tests/netns_hosts.py: the Ray head and two worker pods of one CPU each, started
 from the run's RayJob, SeaweedFS and MLflow on the bridge) run the tiny model's epoch on 1 worker, then on 2 workers
-(one per host, the same samples per optimizer step: 1 x 2 accumulated micro-batches = 2 workers x 1). The link
-between the hosts is measured (TCP bandwidth and round trip between two hosts), then the model predicts the
-2-worker epoch from the 1-worker epoch's measured sampling, scoring and training times, the LoRA's gradient bytes,
-the optimizer steps and the link, and the prediction is printed beside the measurement. Steady-state epochs:
+(one per host, the same samples per optimizer step: 1 x 2 accumulated micro-batches = 2 workers x 1), and twice on 1
+worker at the same time, one run on each host: a worker's epoch under the load of the 2-worker run (both cores busy
+beside Ray's own processes) but without its collectives. The link between the hosts is measured (TCP bandwidth and
+round trip between two hosts), then the model predicts the 2-worker epoch from that 1-worker epoch's measured
+sampling, scoring and training times, the LoRA's gradient bytes, the optimizer steps and the link, and the
+prediction is printed beside the measurement (and the one from the 1-worker epoch alone). Steady-state epochs:
 the median of every epoch but the first two. Needs root (network namespaces).
 
     python tests/benchmarks/bench_multihost.py [--epochs N] [--prompts P]
@@ -77,16 +79,19 @@ def measure_link(cluster, size: int = 256 << 20, rounds: int = 2000) -> tuple[fl
     return link["bandwidth"], link["latency"]
 
 
-def run(cluster, bucket: str, name: str, workers: int, overrides: list[str]) -> tuple[list[dict], int]:
-    """The RayJob's entrypoint with ``workers`` training workers; (metrics rows, LoRA parameters)."""
+def launch(cluster, bucket: str, name: str, workers: int, overrides: list[str]):
+    """Start the RayJob's entrypoint with ``workers`` training workers; (driver, its output URI, its log)."""
     config = load_config(TINY_CONFIG, [*overrides, *CLUSTER])
     rayjob = build_rayjob(config, run_id=name, output=f"s3://{bucket}/bench/{name}")
     rayjob["spec"]["entrypoint"] = rayjob["spec"]["entrypoint"].replace("--ray-workers 2", f"--ray-workers {workers}")
     log = cluster.workdir / f"{name}.log"
-    proc = cluster.entrypoint(rayjob, log)
+    return cluster.entrypoint(rayjob, log), rayjob["metadata"]["annotations"]["flowgrpo.io/output"], log
+
+
+def collect(proc, output: str, log: Path) -> tuple[list[dict], int]:
+    """Wait for a launched run; (its metrics rows, its LoRA's parameters)."""
     if proc.wait(1800) != 0:
-        raise RuntimeError(f"{name} failed; the end of {log}:\n{log.read_text()[-3000:]}")
-    output = rayjob["metadata"]["annotations"]["flowgrpo.io/output"]
+        raise RuntimeError(f"{output} failed; the end of {log}:\n{log.read_text()[-3000:]}")
     local = Path(tempfile.mkdtemp(prefix="bench-"))
     storage.get_file(storage.join(output, "metrics.jsonl"), local / "metrics.jsonl")
     storage.download_dir(storage.join(output, "lora"), local / "lora")
@@ -120,31 +125,44 @@ def main() -> None:
             cluster.start_ray(build_rayjob(config, run_id="bench", output=f"s3://{s3.bucket}/bench/x"), s3.env())
             bandwidth, latency = measure_link(cluster)
             started = time.perf_counter()
-            one, params = run(cluster, s3.bucket, "one", 1,
-                              [*common, "train.gradient_accumulation_steps=2"])
-            two, _ = run(cluster, s3.bucket, "two", 2, common)
+            one_worker = [*common, "train.gradient_accumulation_steps=2"]
+            alone, params = collect(*launch(cluster, s3.bucket, "alone", 1, one_worker))
+            # two 1-worker runs at once, one on each host: a worker's epoch under the load the 2-worker run puts on
+            # the machine (both cores busy beside Ray's own processes), without its collectives
+            pair = [launch(cluster, s3.bucket, f"beside-{i}", 1, one_worker) for i in (1, 2)]
+            beside = [collect(*run)[0] for run in pair]
+            two, _ = collect(*launch(cluster, s3.bucket, "two", 2, common))
             wall = time.perf_counter() - started
             cluster.stop_ray()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    s, sc, t = (steady(one, k) for k in EPOCH_KEYS)
-    measured_one = s + sc + t
-    measured_two = statistics.median(sum(row[k] for k in EPOCH_KEYS) for row in two[2:])
     steps = split_epoch(config, 2).optimizer_steps
-    predicted = predict_epoch_s(sampling_s=s, training_s=t, other_s=sc, workers=2, grad_bytes=4 * params,
-                                optimizer_steps=steps, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+
+    def predicted(sampling: float, scoring: float, training: float) -> float:
+        return predict_epoch_s(sampling_s=sampling, training_s=training, other_s=scoring, workers=2,
+                               grad_bytes=4 * params, optimizer_steps=steps, bandwidth_bytes_per_s=bandwidth,
+                               latency_s=latency)
+
+    s, sc, t = (steady(alone, k) for k in EPOCH_KEYS)
+    bs, bsc, bt = (statistics.mean(steady(rows, k) for rows in beside) for k in EPOCH_KEYS)
+    s2, sc2, t2 = (steady(two, k) for k in EPOCH_KEYS)
+    measured_one, measured_beside = s + sc + t, bs + bsc + bt
+    measured_two = statistics.median(sum(row[k] for k in EPOCH_KEYS) for row in two[2:])
+    from_beside, from_alone = predicted(bs, bsc, bt), predicted(s, sc, t)
     print(f"link between two hosts (veth + bridge): {bandwidth / 1e9:.2f} GB/s, {latency * 1e6:.0f} us one way")
     print(f"LoRA {params} parameters ({4 * params / 1e6:.2f} MB of float32 gradients), {steps} optimizer steps an "
-          f"epoch on 2 workers; {args.prompts * 4} images an epoch; {args.epochs} epochs a run ({wall:.0f} s both)")
-    print(f"1 worker, steady-state epoch: sampling {s:.3f} s + scoring {sc:.3f} s + training {t:.3f} s = "
+          f"epoch on 2 workers; {args.prompts * 4} images an epoch; {args.epochs} epochs a run ({wall:.0f} s all)")
+    print(f"1 worker alone, steady-state epoch: sampling {s:.3f} s + scoring {sc:.3f} s + training {t:.3f} s = "
           f"{measured_one:.3f} s")
-    s2, sc2, t2 = (steady(two, k) for k in EPOCH_KEYS)
+    print(f"1 worker beside another on the other host, steady-state epoch: sampling {bs:.3f} s + scoring {bsc:.3f} s "
+          f"+ training {bt:.3f} s = {measured_beside:.3f} s")
     print(f"2 workers, steady-state epoch: sampling {s2:.3f} s + scoring {sc2:.3f} s + training {t2:.3f} s "
-          f"(half the 1-worker phases: {s / 2:.3f} s, {sc / 2:.3f} s, {t / 2:.3f} s)")
-    print(f"2 workers on 2 hosts: predicted {predicted:.3f} s, measured {measured_two:.3f} s, "
-          f"predicted / measured = {predicted / measured_two:.3f}")
+          f"(half the 1-worker-beside phases: {bs / 2:.3f} s, {bsc / 2:.3f} s, {bt / 2:.3f} s)")
+    print(f"2 workers on 2 hosts: predicted {from_beside:.3f} s, measured {measured_two:.3f} s, "
+          f"predicted / measured = {from_beside / measured_two:.3f} (from the 1-worker epoch beside another; "
+          f"from the 1-worker epoch alone: {from_alone / measured_two:.3f})")
     print(f"speed-up 1 -> 2 hosts: measured {measured_one / measured_two:.2f}x, "
-          f"predicted {measured_one / predicted:.2f}x")
+          f"predicted {measured_one / from_alone:.2f}x")
 
 
 if __name__ == "__main__":

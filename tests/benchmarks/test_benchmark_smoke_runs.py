@@ -42,7 +42,8 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
     ]),
     "bench_multihost.py": (["--epochs", "4", "--prompts", "4"], [
         rf"link between two hosts \(veth \+ bridge\): {NUM} GB/s, {NUM} us one way",
-        rf"1 worker, steady-state epoch: sampling {NUM} s \+ scoring {NUM} s \+ training {NUM} s = {NUM} s",
+        rf"1 worker alone, steady-state epoch: sampling {NUM} s \+ scoring {NUM} s \+ training {NUM} s = {NUM} s",
+        rf"1 worker beside another on the other host, steady-state epoch: sampling {NUM} s .* = {NUM} s",
         rf"2 workers on 2 hosts: predicted {NUM} s, measured {NUM} s, predicted / measured = {NUM}",
     ]),
     "bench_gpu_throughput.py": (["--epochs", "1"], [
