@@ -14,6 +14,7 @@ is what the manifest says, and a change to the manifest changes the tests.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -106,9 +107,11 @@ class NetnsCluster:
     def ray_address(self) -> str:
         return f"{self.head.address}:{dict(HEAD_PORTS)['gcs-server']}"
 
-    def _base_env(self, host: Host) -> dict[str, str]:
-        assert self.rayjob is not None, "start_ray(rayjob, ...) first"
-        spec = self.rayjob["spec"]["rayClusterSpec"]
+    def _base_env(self, host: Host, rayjob: dict[str, Any] | None = None) -> dict[str, str]:
+        """``host``'s pod environment, as ``rayjob`` (default: the running cluster's) describes the pod."""
+        rayjob = rayjob or self.rayjob
+        assert rayjob is not None, "start_ray(rayjob, ...) first"
+        spec = rayjob["spec"]["rayClusterSpec"]
         pod = spec["headGroupSpec" if host.index == 0 else "workerGroupSpecs"]
         pod = pod["template"] if host.index == 0 else pod[0]["template"]
         env = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", "LANG": "C.UTF-8",
@@ -149,7 +152,7 @@ class NetnsCluster:
         env = {**self._base_env(self.head), "RAY_ADDRESS": self.ray_address}
         out = subprocess.run(["ip", "netns", "exec", f"{self.name}-h0", sys.executable, "-c", script], env=env,
                              capture_output=True, text=True, timeout=60)
-        return yaml.safe_load(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout else []
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout else []
 
     def wait_for_nodes(self, n: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -162,14 +165,10 @@ class NetnsCluster:
     def layout(self, rayjob: dict[str, Any]) -> list:
         """What the hosts take from ``rayjob``: each pod's ``ray start`` arguments and environment (RayJobs of other
         runs on the same cluster differ only in names, labels, entrypoint and runtime env)."""
-        keep, self.rayjob = self.rayjob, rayjob
-        try:
-            spec = rayjob["spec"]["rayClusterSpec"]
-            groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
-            return [(ray_start_args(g, head=i == 0, head_address=self.head.address), self._base_env(h))
-                    for i, (g, h) in enumerate(zip(groups, self.hosts[:2], strict=True))]
-        finally:
-            self.rayjob = keep
+        spec = rayjob["spec"]["rayClusterSpec"]
+        groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+        return [(ray_start_args(g, head=i == 0, head_address=self.head.address), self._base_env(h, rayjob))
+                for i, (g, h) in enumerate(zip(groups, self.hosts[:2], strict=True))]
 
     def wait_until_gone(self, address: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -71,6 +71,7 @@ def wait_for_writers(timeout_s: float, poll_s: float = 0.2) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as every entry point: it loads nothing, and never will from a hub
     parser = argparse.ArgumentParser(prog="python -m components.trainer.drain", description=__doc__.split("\n")[0])
     parser.add_argument("--timeout", type=float, required=True, metavar="S",
                         help="seconds to wait at most (below the pod's terminationGracePeriodSeconds)")
