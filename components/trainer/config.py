@@ -20,7 +20,7 @@ from components.tracking.config import TrackingConfig
 
 class DistributedConfig(Section):
     """How a run on Ray Train workers (``--ray-workers``, a RayJob) meets a lost worker, host or link; read only
-    there. Each bound is what it costs in the worst case (README, *Distributed training on Ray*)."""
+    there. Each bound is what it costs in the worst case (docs/DISTRIBUTED.md, "Across hosts")."""
 
     collective_timeout_s: float = Field(
         default=900.0, gt=0, le=86400,

@@ -2,7 +2,7 @@
 started as the run's RayJob says, with SeaweedFS and MLflow reached over the network; the run is the RayJob's own
 entrypoint. One uninterrupted run is the reference every interrupted one must equal bit for bit: a worker host
 killed mid-epoch and back, a partition that times the collective out and a host that stays away, the head host
-lost and the run submitted again. Each test prints the figures docs/SCALING.md and the README cite.
+lost and the run submitted again. Each test prints the figures docs/SCALING.md and docs/DISTRIBUTED.md cite.
 
 Needs root (network namespaces) and iproute2 (.ci/run installs it).
 """

@@ -1,6 +1,8 @@
-"""Every repository path the docs cite exists (README.md, docs/*.md, manifests/README.md).
+"""Every repository path the docs cite exists (README.md, docs/*.md, manifests/README.md), every link between them
+resolves to a file and a heading, the index lists every page, and the README stays short.
 
-Where the docs cite paths: code spans, code blocks, link targets and headings (``## Math (components/...)``). A
+Where the docs cite paths: code spans, code blocks, link targets (relative to the doc, as GitHub resolves them) and
+headings (``## Math (components/...)``). A
 word there is a cited path when it looks like one: its first folder is the name of a folder of the repository, or
 it ends in a source or doc file's extension. It must then name a tracked file or folder, by these rules:
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import posixpath
 import re
 import subprocess
 from pathlib import Path
@@ -49,6 +52,8 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "src/flow_factory/models/z_image/z_image.py", "examples/grpo/lora/wan21/t2v.yaml",
             "src/flow_factory/models/wan/wan2_t2v.py"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
+_FENCED = re.compile(r"^```.*?^```", re.M | re.S)
+README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
 _PLACEHOLDER = re.compile(r"<[\w .:-]*>|\.\.\.")
 
 
@@ -74,11 +79,33 @@ def _exists(path: str) -> bool:
         not path.endswith("/") and _exists(f"{path}/"))
 
 
+def _links(doc: str) -> list[tuple[str, str]]:
+    """``doc``'s links outside code as (repository path, anchor), resolved from the doc's folder; URLs left out."""
+    found = []
+    for match in _CODE.finditer((REPO / doc).read_text(encoding="utf-8")):
+        target = match.group(3)
+        if target is None or re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        found.append((posixpath.normpath(posixpath.join(posixpath.dirname(doc), path)) if path else doc, anchor))
+    return found
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(doc: str) -> set[str]:
+    text = _FENCED.sub("", (REPO / doc).read_text(encoding="utf-8"))
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
 def _cited(doc: str) -> set[str]:
     """The words of ``doc``'s code, links and headings that look like repository paths."""
     text = (REPO / doc).read_text(encoding="utf-8")
-    code = "\n".join(g for m in _CODE.finditer(text) for g in m.groups() if g)
-    found = set()
+    code = "\n".join(g for m in _CODE.finditer(text) for i, g in enumerate(m.groups()) if g and i != 2)
+    found = {path for path, _ in _links(doc) if path != doc}
     for word in re.split(r"[\s`'\"()\[\]|=]+", _PLACEHOLDER.sub("*", code)):
         word, _, name = word.rstrip(",;.:").partition(":")
         if name and not word.endswith(EXTENSIONS):  # an image and its tag (`vllm/vllm-openai:v0.32.0`), not a file
@@ -104,7 +131,30 @@ def test_the_rules_find_paths_and_missing_ones():
     or name is missing."""
     assert {"pipeline/steps.py", "components/trainer/loop.py", "flowgrpo/update.py"} <= _cited("docs/DESIGN.md")
     assert {"pipeline/configs/shapes-cpu.yaml", "docs/screenshots/mlflow-chart-view.png"} <= _cited("README.md")
+    assert {"docs/INSTALL.md", "manifests/README.md"} <= _cited("docs/README.md")  # `INSTALL.md`, `../manifests/..`
+    assert _slug("The demo model: shapes-sd3 (`model.kind: shapes-sd3`)") == "the-demo-model-shapes-sd3-modelkind-shapes-sd3"
+    assert _slug("A run's reward server") == "a-runs-reward-server"
     assert _exists("trainer/loop.py") and _exists("base/mlflow.yaml") and _exists("pipeline/configs/tiny-*-cpu.yaml")
     assert not _exists("components/trainer/prompt_cache.py") and not _exists("trainer/prompt_cache.py")
     assert not _exists("pipeline/configs/tiny-default.yaml") and not _exists("rainer/loop.py")
     assert _expanded("launch/{api,rayjobs}.py") == ["launch/api.py", "launch/rayjobs.py"]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_link_anchor_names_a_heading(doc):
+    """``[text](PAGE.md#anchor)`` lands on a heading of that page (a missing page fails the test above)."""
+    broken = [f"{path}#{anchor}" for path, anchor in _links(doc)
+              if anchor and path.endswith(".md") and (REPO / path).exists() and anchor not in _anchors(path)]
+    assert broken == [], f"{doc} links to anchors no heading makes: {broken}"
+
+
+def test_the_index_lists_every_docs_page_and_the_readme_links_the_index():
+    pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")} - {"docs/README.md"}
+    listed = {path for path, _ in _links("docs/README.md")}
+    assert pages - listed == set(), f"docs/README.md does not list {sorted(pages - listed)}"
+    assert "docs/README.md" in {path for path, _ in _links("README.md")}
+
+
+def test_the_readme_is_short():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
