@@ -132,7 +132,7 @@ def test_the_rules_find_paths_and_missing_ones():
     assert {"pipeline/steps.py", "components/trainer/loop.py", "flowgrpo/update.py"} <= _cited("docs/DESIGN.md")
     assert {"pipeline/configs/shapes-cpu.yaml", "docs/screenshots/mlflow-chart-view.png"} <= _cited("README.md")
     assert {"docs/INSTALL.md", "manifests/README.md"} <= _cited("docs/README.md")  # `INSTALL.md`, `../manifests/..`
-    assert _slug("The demo model: shapes-sd3 (`model.kind: shapes-sd3`)") == "the-demo-model-shapes-sd3-modelkind-shapes-sd3"
+    assert _slug("The demo: shapes-sd3 (`model.kind: shapes-sd3`)") == "the-demo-shapes-sd3-modelkind-shapes-sd3"
     assert _slug("A run's reward server") == "a-runs-reward-server"
     assert _exists("trainer/loop.py") and _exists("base/mlflow.yaml") and _exists("pipeline/configs/tiny-*-cpu.yaml")
     assert not _exists("components/trainer/prompt_cache.py") and not _exists("trainer/prompt_cache.py")
