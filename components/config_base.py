@@ -1,7 +1,6 @@
 """The base every config section derives from, one-line validation messages naming the key path, and the one YAML
 loader every user-written YAML goes through."""
 
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -9,6 +8,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from components import environ
 from components.errors import ConfigError
 
 # A seed reaches torch.manual_seed (which takes < 2**64) after derivations such as seed x 1,000,003 + epoch; below
@@ -173,7 +173,7 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     source = str(path)
     try:
         if source.startswith(ENV_SOURCE):
-            text = os.environ.get(source[len(ENV_SOURCE):])
+            text = environ.named_by_user(source[len(ENV_SOURCE):])
             if text is None:
                 raise ConfigError(f"config {source}: environment variable {source[len(ENV_SOURCE):]} is not set")
         elif not path.is_file():

@@ -1,8 +1,9 @@
 """Status lines for people: one line on stderr, flushed at once so progress shows through pipes and in pods."""
 
 import logging
-import os
 import sys
+
+from components import environ
 
 
 def status_line(message: str) -> None:
@@ -11,7 +12,7 @@ def status_line(message: str) -> None:
 
 def quiet_libraries() -> None:
     """Keep library chatter (torchvision fallbacks, dtype notes) out of the progress output."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+    environ.TRANSFORMERS_VERBOSITY.set_default()
+    environ.DIFFUSERS_VERBOSITY.set_default()
     for name in ("transformers", "diffusers", "peft", "mlflow"):
         logging.getLogger(name).setLevel(logging.ERROR)

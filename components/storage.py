@@ -37,6 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from components import environ
 from components.errors import FlowGRPOError
 
 log = logging.getLogger(__name__)
@@ -47,9 +48,6 @@ MULTIPART_CHUNKSIZE = 64 * 1024 * 1024
 MAX_CONCURRENCY = 4
 # Seconds between progress lines of one transfer; transfers shorter than this log no progress at INFO.
 PROGRESS_INTERVAL_S = 10.0
-DEFAULT_MAX_ATTEMPTS = 4
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
-DEFAULT_READ_TIMEOUT_S = 60.0
 
 SHA256_METADATA_KEY = "sha256"
 MANIFEST_NAME = "_MANIFEST.json"  # written last into a published folder
@@ -139,27 +137,28 @@ def _dir_key(key: str) -> str:
 
 # --------------------------------------------------------------------------------------------- S3 client
 
-_ENV_KEYS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-             "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE", "AWS_MAX_ATTEMPTS",
-             "FLOWGRPO_S3_CONNECT_TIMEOUT_S", "FLOWGRPO_S3_READ_TIMEOUT_S")
+_CLIENT_ENV = (environ.AWS_ENDPOINT_URL_S3, environ.AWS_ENDPOINT_URL, environ.AWS_ACCESS_KEY_ID,
+               environ.AWS_SECRET_ACCESS_KEY, environ.AWS_SESSION_TOKEN, environ.AWS_REGION, environ.AWS_DEFAULT_REGION,
+               environ.AWS_PROFILE, environ.AWS_MAX_ATTEMPTS, environ.FLOWGRPO_S3_CONNECT_TIMEOUT_S,
+               environ.FLOWGRPO_S3_READ_TIMEOUT_S)
 
 
 def _client() -> Any:
     # One client per distinct environment: tests (and long-lived processes) may change the variables.
-    return _client_for(tuple(os.environ.get(k) for k in _ENV_KEYS))
+    return _client_for(tuple(v.raw() for v in _CLIENT_ENV))
 
 
 @functools.lru_cache(maxsize=8)
 def _client_for(env: tuple[str | None, ...]) -> Any:
+    """The client for ``env`` (the values of _CLIENT_ENV, which boto3 reads from the environment)."""
     import boto3
     from botocore.config import Config
 
-    values = dict(zip(_ENV_KEYS, env, strict=True))
     config = Config(
         s3={"addressing_style": "path"},  # SeaweedFS / MinIO have no virtual-host buckets
-        retries={"mode": "standard", "max_attempts": int(values["AWS_MAX_ATTEMPTS"] or DEFAULT_MAX_ATTEMPTS)},
-        connect_timeout=float(values["FLOWGRPO_S3_CONNECT_TIMEOUT_S"] or DEFAULT_CONNECT_TIMEOUT_S),
-        read_timeout=float(values["FLOWGRPO_S3_READ_TIMEOUT_S"] or DEFAULT_READ_TIMEOUT_S),
+        retries={"mode": "standard", "max_attempts": environ.AWS_MAX_ATTEMPTS.value()},
+        connect_timeout=environ.FLOWGRPO_S3_CONNECT_TIMEOUT_S.value(),
+        read_timeout=environ.FLOWGRPO_S3_READ_TIMEOUT_S.value(),
     )
     # A fresh session so the variables are read now, not when boto3's default session was first made.
     return boto3.session.Session().client("s3", config=config)
@@ -469,12 +468,9 @@ def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> builtins
     return written
 
 
-CACHE_ENV = "FLOWGRPO_CACHE_DIR"
-
-
 def cache_root() -> Path:
     """This machine's (pod's) folder for copies and staging: ``$FLOWGRPO_CACHE_DIR``, default ``~/.cache/flowgrpo``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flowgrpo")
+    return environ.FLOWGRPO_CACHE_DIR.value()
 
 
 def local_copy(uri: str) -> Path:

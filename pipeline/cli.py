@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
+from components import environ
 from components.console import quiet_libraries, status_line
 from components.dataset.config import PrepareConfig
 from components.deployment import STORAGE_ROOT
@@ -364,6 +362,7 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    environ.apply_settings()
     args = parse_arguments(build_parser(), argv)
     return exit_status(f"flowgrpo {args.command}", lambda: args.func(args))
 

@@ -8,18 +8,17 @@ token, when the endpoint needs one, comes from ``$KFP_TOKEN`` (never from an arg
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from components import environ
 from components.errors import LaunchError
 from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
 from pipeline.kfp_pipeline import PIPELINE_NAME, compile_pipeline
 
-TOKEN_ENV = "KFP_TOKEN"
 # The start of the FutureWarning kfp.Client gives on every construction (kfp 2.x, kfp/client/client.py).
 KFP_VERSION_NOTICE = "This client only works with Kubeflow Pipeline v2"
 
@@ -67,7 +66,7 @@ def submit(host: str, *, experiment: str, run_name: str, arguments: dict, namesp
             # KFP 2.x prerequisite, and the notice would precede every one-line error. Only that one is muted.
             warnings.filterwarnings("ignore", message=KFP_VERSION_NOTICE, category=FutureWarning,
                                     module=r"kfp\.client")
-            client = kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
+            client = kfp.Client(host=host, namespace=namespace, existing_token=environ.KFP_TOKEN.get())
         with tempfile.TemporaryDirectory(prefix="flowgrpo-submit-") as tmp:
             package = compile_pipeline(Path(tmp) / "flowgrpo_pipeline.yaml", eval_gpus=eval_gpus)
             pipeline_id, version_id = _pipeline_version(client, package)

@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components import environ
 from components.console import status_line
-from components.environ import patched_environ
 from components.errors import FlowGRPOError
 from components.launch.process import port_is_free
 from pipeline.config import ExperimentConfig, dump_config
@@ -362,8 +362,8 @@ def _run_local(config: ExperimentConfig, workdir: Path, ray_workers: int, ui_por
     # MLflow on the port `flowgrpo ui` serves, so the links printed during the run keep working afterwards
     mlflow_port = ui_port if port_is_free(ui_port) else None
     try:
-        with local_services(workdir, mlflow_port=mlflow_port, log=log) as service_env, patched_environ({
-            **service_env, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
+        with local_services(workdir, mlflow_port=mlflow_port, log=log) as service_env, environ.patched_environ({
+            **service_env, "TMPDIR": str(scratch), **environ.entry_settings(),
             "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
             "RAY_TMPDIR": str(ray_tmp),
         }):

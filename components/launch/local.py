@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from components import environ
 from components.console import status_line
 from components.errors import LaunchError
 from components.launch.kubernetes.reward_server import DeployableConfig, reward_server_name
@@ -86,7 +87,7 @@ def start_local(config: DeployableConfig, *, name: str, state_dir: Path, timeout
     url = f"http://127.0.0.1:{port}"
     proc = start_detached([sys.executable, "-m", "components.reward_server", "--config", str(settings),
                            "--host", "127.0.0.1", "--port", str(port)],
-                          log_path=log_path, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+                          log_path=log_path, env=os.environ | environ.entry_settings())
     record = {"pid": proc.pid, "url": url, "log": str(log_path), "config": str(settings), "settings_sha256": digest}
     (folder / f"{name}.json").write_text(json.dumps(record, indent=2))
     log(f"reward server {name} starting at {url} (pid {proc.pid}, log {log_path})")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -69,7 +68,6 @@ def _load_diffusers(path: str, dtype: torch.dtype):
         )
     import diffusers
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         return getattr(diffusers, class_name).from_pretrained(str(root), dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as exc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from safetensors.torch import save_file
 
+from components import environ
 from components.models.shapes_sd3 import RESOLUTION, TEXT_LENGTH, WEIGHTS, build_architecture, state_dict
 from components.rewards.shape_scenes import draw_scene, prompt_text, random_groups
 
@@ -203,7 +203,7 @@ class _Printer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    environ.apply_settings()
     defaults = PretrainConfig()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=WEIGHTS, help=f"weights file (default: {WEIGHTS})")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from components.tracking.params import redact, short_error
-from components.tracking.server import TRACKING_URI_ENV, mlflow_client, tracking_uri
+from components.tracking.server import mlflow_client, tracking_uri
 
 
 def register_lora_version(run_id: str, name: str, lora_dir: Path, model_config: dict, seed: int,
@@ -31,7 +31,7 @@ def apply_gate(name: str, version: str, promoted: bool, reason: str, alias: str,
     verdict stays in eval.json and the report)."""
     uri = tracking_uri()
     if not uri:
-        log(f"promotion gate: {'promote' if promoted else 'refuse'} ({reason}); no registry ({TRACKING_URI_ENV} "
+        log(f"promotion gate: {'promote' if promoted else 'refuse'} ({reason}); no registry (MLFLOW_TRACKING_URI "
             "is not set)")
         return False
     from mlflow.exceptions import MlflowException

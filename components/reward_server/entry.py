@@ -4,9 +4,9 @@ what a local run's process and a cluster's Deployment start."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from components import environ
 from components.console import quiet_libraries, status_line
 from components.errors import exit_status
 
@@ -52,6 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    environ.apply_settings()
     args = build_parser().parse_args(argv)
     return exit_status("reward-server", lambda: serve(args))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import re
 import string
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from components import environ
 from components.rewards.base import Reward, RewardOutput
 from components.rewards.codec import encode_png_b64
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
@@ -269,7 +269,7 @@ class VLMJudge(Reward):
     async def _score_all(self, images: np.ndarray, prompts: list[str],
                          metadata: list[dict[str, Any]]) -> list[tuple[float, str | None, str | None]]:
         limit = asyncio.Semaphore(self.max_concurrency)
-        key = os.environ.get(self.api_key_env)
+        key = environ.named_by_user(self.api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         pool = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
 

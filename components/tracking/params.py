@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from components import environ
 from components.config_base import URL_USERINFO
 
 # MLflow's limit on a param value; longer values are cut with a marker rather than rejected.
@@ -17,8 +17,6 @@ MAX_PARAM_CHARS = 6000
 # Keys that can hold credentials are never logged, whatever their value.
 SECRET_KEY = re.compile(r"secret|passw|token|api[_-]?key|credential|access[_-]?key|auth", re.IGNORECASE)
 
-GIT_COMMIT_ENV = "FLOWGRPO_GIT_COMMIT"
-IMAGE_ENV = "FLOWGRPO_IMAGE"
 # The output a run writes to, on its MLflow run: how a replay finds that the output is already there.
 RUN_OUTPUT_TAG = "flowgrpo.run_output"
 
@@ -68,8 +66,8 @@ def content_hash(data: Any) -> str:
 
 def git_commit() -> str:
     """The commit the code came from: $FLOWGRPO_GIT_COMMIT (set in images), else the checkout's HEAD."""
-    if os.environ.get(GIT_COMMIT_ENV):
-        return os.environ[GIT_COMMIT_ENV]
+    if commit := environ.FLOWGRPO_GIT_COMMIT.get():
+        return commit
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=5, check=True)
@@ -91,6 +89,6 @@ def lineage_tags(config: dict[str, Any], prompts: list[str], dataset_sha256: str
         "flowgrpo.base_model": redact(model.get("path") or model.get("kind", "unknown")),
         "flowgrpo.git_commit": git_commit(),
     }
-    if os.environ.get(IMAGE_ENV):
-        tags["flowgrpo.image"] = os.environ[IMAGE_ENV]
+    if image := environ.FLOWGRPO_IMAGE.get():
+        tags["flowgrpo.image"] = image
     return tags

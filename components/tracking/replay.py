@@ -20,7 +20,7 @@ import numpy as np
 
 from components.errors import TrackingError
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error
-from components.tracking.server import TRACKING_URI_ENV, experiment_id, mlflow_client, run_url, tracking_uri
+from components.tracking.server import experiment_id, mlflow_client, run_url, tracking_uri
 from components.tracking.tracker import SAMPLE_VIDEOS_DIR, SAMPLES_KEY, base_metrics, metric_batch, send_image
 
 # MLflow takes at most 1000 metrics and 100 params per log_batch call
@@ -176,7 +176,7 @@ def replay_run(run: FinishedRun, *, run_name: str, experiment: str | None = None
     the LoRA as a new version of its ``tracking.registered_model``."""
     uri = tracking_uri()
     if not uri:
-        raise TrackingError(f"{TRACKING_URI_ENV} is not set: it names the MLflow server to replay into")
+        raise TrackingError("MLFLOW_TRACKING_URI is not set: it names the MLflow server to replay into")
     tracking = run.config.get("tracking") or {}
     experiment = experiment or tracking.get("experiment") or "flowgrpo"
     replay = _Replay(uri, run, log)

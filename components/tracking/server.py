@@ -4,28 +4,27 @@ for it that gives up on a dead server in seconds."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
+from components import environ
 from components.config_base import URL_USERINFO
 from components.errors import ConfigError
 
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 PIPELINE_RUN_TAG = "flowgrpo.pipeline_run_id"  # on a pipeline run's MLflow run and on its steps' child runs
 # Callers retry on their own terms (the tracker for as long as it takes, a replay not at all); MLflow's own
 # retries (7, exponential) would only make each attempt slower to notice an outage and its end.
-_CLIENT_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+_CLIENT_DEFAULTS = (environ.MLFLOW_HTTP_REQUEST_MAX_RETRIES, environ.MLFLOW_HTTP_REQUEST_TIMEOUT)
 
 
 def tracking_uri() -> str | None:
     """The MLflow server (or ``sqlite:///`` store) to track to; None = tracking off. A URI with credentials is
     refused: MLflow prints it in its own lines ("View run ... at URI"), which no redaction of ours reaches, so
     they would land in every log. MLflow takes them from MLFLOW_TRACKING_USERNAME / _PASSWORD (or _TOKEN)."""
-    uri = os.environ.get(TRACKING_URI_ENV) or None
+    uri = environ.MLFLOW_TRACKING_URI.get()
     if uri is not None and URL_USERINFO.search(uri):
-        raise ConfigError(f"{TRACKING_URI_ENV} holds credentials (user:password@), which MLflow would print in its "
+        raise ConfigError("MLFLOW_TRACKING_URI holds credentials (user:password@), which MLflow would print in its "
                           "log lines: remove them from the URI and set MLFLOW_TRACKING_USERNAME and "
                           "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead")
     return uri
@@ -33,8 +32,8 @@ def tracking_uri() -> str | None:
 
 def mlflow_client(uri: str | None = None) -> Any:
     """An MlflowClient for ``uri`` (default: ``tracking_uri()``)."""
-    for key, value in _CLIENT_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    for variable in _CLIENT_DEFAULTS:
+        variable.set_default()
     from mlflow import MlflowClient
 
     return MlflowClient(uri or tracking_uri())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,27 +20,22 @@ from typing import Any
 
 import numpy as np
 
+from components import environ
 from components.tracking.params import redact, short_error
 from components.tracking.server import (
     PIPELINE_RUN_TAG,
-    TRACKING_URI_ENV,
     experiment_id,
     mlflow_client,
     run_url,
     tracking_uri,
 )
 
-PARENT_RUN_ENV = "FLOWGRPO_MLFLOW_PARENT_RUN_ID"
 PARENT_METRICS_PREFIX = "reward/"  # the metrics a child run also logs into its parent (see _runs_shown)
 SAMPLES_KEY = "samples"  # the sample grids' MLflow image key, and their folder among the run's artifacts
 SAMPLE_VIDEOS_DIR = f"{SAMPLES_KEY}/videos"  # a video model's animated samples, beside the grids
-FLUSH_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S"
-OPEN_TIMEOUT_ENV = "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S"
-DEFAULT_FLUSH_TIMEOUT_S = 120.0
 # a server never reached during the run gets this long at close (one more try, woken by close), not the flush
 # timeout: waiting two minutes for a server that never answered loses the user time and saves nothing
 NEVER_REACHED_GRACE_S = 5.0
-DEFAULT_OPEN_TIMEOUT_S = 15.0
 MAX_BACKOFF_S = 30.0
 _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
                     "BAD_REQUEST", "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
@@ -122,7 +116,7 @@ class MlflowTracker(NullTracker):
         self._thread = threading.Thread(target=self._work, name="mlflow-tracker", daemon=True)
         self._submit("open run", self._open_run)
         self._thread.start()
-        wait = float(os.environ.get(OPEN_TIMEOUT_ENV, DEFAULT_OPEN_TIMEOUT_S))
+        wait = environ.FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S.value()
         # a tracker that does not own its run (a Ray worker's) logs into one whose owner has shown its URL
         if self._opened.wait(wait) and self.url and owns_run:
             self.log(f"MLflow run {self.run_id}: {self.url}")
@@ -243,7 +237,7 @@ class MlflowTracker(NullTracker):
         """Asked when a run resumes, so the epochs logged before the interruption are not logged twice (MLflow keeps
         every value sent, and would show a second point at each such step). None when the server does not answer
         now: every epoch is then logged, at worst twice."""
-        if not self._opened.wait(float(os.environ.get(OPEN_TIMEOUT_ENV, DEFAULT_OPEN_TIMEOUT_S))):
+        if not self._opened.wait(environ.FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S.value()):
             return None
         try:
             return max((m.step for m in self.client.get_metric_history(self.run_id, key)), default=None)
@@ -276,7 +270,7 @@ class MlflowTracker(NullTracker):
         with self._cond:
             self._closing = True
             self._cond.notify()
-        timeout = float(os.environ.get(FLUSH_TIMEOUT_ENV, DEFAULT_FLUSH_TIMEOUT_S))
+        timeout = environ.FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S.value()
         start = time.monotonic()
         while not self._idle.wait(0.1):
             waited = time.monotonic() - start
@@ -300,7 +294,7 @@ class MlflowTracker(NullTracker):
 def resolve_parent_run(given: str | None = None) -> str | None:
     """The MLflow run to log under: ``given``, else $FLOWGRPO_MLFLOW_PARENT_RUN_ID (set by the pipeline step
     that owns the pipeline run's MLflow run), else none."""
-    return given or os.environ.get(PARENT_RUN_ENV) or None
+    return given or environ.FLOWGRPO_MLFLOW_PARENT_RUN_ID.get()
 
 
 def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, parent_run_id: str | None = None,
@@ -310,7 +304,7 @@ def open_tracker(experiment: str, run_name: str, *, run_id: str | None = None, p
     ``resolve_parent_run(parent_run_id)`` when there is one."""
     uri = tracking_uri()
     if not uri:
-        log(f"MLflow tracking off ({TRACKING_URI_ENV} is not set)")
+        log("MLflow tracking off (MLFLOW_TRACKING_URI is not set)")
         return NullTracker()
     return MlflowTracker(uri, experiment, run_name, parent_run_id=resolve_parent_run(parent_run_id), run_id=run_id,
                          system_metrics=system_metrics, owns_run=owns_run, log=log)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from components import storage
+from components import environ, storage
 
 _PREFIX = "checkpoint-writing-"
 
@@ -71,7 +71,7 @@ def wait_for_writers(timeout_s: float, poll_s: float = 0.2) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as every entry point: it loads nothing, and never will from a hub
+    environ.apply_settings()  # as every entry point: it loads nothing, and never will from a hub
     parser = argparse.ArgumentParser(prog="python -m components.trainer.drain", description=__doc__.split("\n")[0])
     parser.add_argument("--timeout", type=float, required=True, metavar="S",
                         help="seconds to wait at most (below the pod's terminationGracePeriodSeconds)")

@@ -5,21 +5,19 @@ experiment YAML, a file or ``env:NAME``; there: the whole experiment, with ``key
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from components import environ
 from components.config_base import read_yaml_mapping
 from components.console import quiet_libraries, status_line
 from components.errors import ConfigError, exit_status
 from components.trainer.config import TrainingJobConfig
 from components.trainer.ray_train import WorkersLostError
 
-# The RayJob's experiment YAML travels in this variable (runtimeEnvYAML), read with ``--config env:NAME``.
-CONFIG_ENV = "FLOWGRPO_EXPERIMENT_CONFIG"
 DESCRIPTION = ("Train a LoRA with FlowGRPO (in this process, or on Ray with --ray-workers); writes config.yaml, "
                "metrics.jsonl, samples/, checkpoints/ and the final lora/ under --output (a directory or "
                "s3://BUCKET/PREFIX; S3 endpoint and keys come from the AWS_* environment). Logs to MLflow when "
@@ -79,10 +77,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    environ.apply_settings()
     parser = argparse.ArgumentParser(prog="python -m components.trainer", description=DESCRIPTION)
     parser.add_argument("--config", required=True, metavar="FILE_OR_ENV",
-                        help=f"experiment YAML, or env:NAME to read it from a variable (a RayJob: env:{CONFIG_ENV})")
+                        help="experiment YAML, or env:NAME to read it from a variable "
+                             "(a RayJob: env:FLOWGRPO_EXPERIMENT_CONFIG)")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     return exit_status("trainer", lambda: _train(args))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,7 +202,6 @@ class Trainer:
                  log: Callable[[str], None] = status_line, tracker: NullTracker | None = None,
                  collective: Collective | None = None, rows: list[PromptRow] | None = None) -> None:
         """``rows``: the prompts of ``config.data`` when the caller has loaded them already."""
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.collective = collective or Collective()
         check_world_size(config, self.collective.world_size)
         self.config = config

@@ -19,22 +19,13 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from components import environ
 from components.console import status_line
-from components.environ import patched_environ
 from components.errors import FlowGRPOError
 from components.tracking.tracker import NullTracker, open_tracker
 from components.trainer.checkpoint import latest_checkpoint
 from components.trainer.config import TrainingJobConfig
 from components.trainer.run_output import RunOutput
-
-# Ray Train reads it in the driver and hands it to its controller: how long a worker group may wait for resources
-START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-PRINT_PATCH_ENV = "RAY_TRAIN_ENABLE_PRINT_PATCH"
-# Safe to hand to workers through Ray's runtime env, which the dashboard shows; secrets reach workers
-# through their own environment (the pod's Secrets in a cluster, the inherited one locally).
-_FORWARDED_ENV = ("HF_HUB_OFFLINE", "FLOWGRPO_CACHE_DIR", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL",
-                  "FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", "FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S")
 
 
 class WorkersLostError(FlowGRPOError):
@@ -43,6 +34,7 @@ class WorkersLostError(FlowGRPOError):
 
 
 def _worker_loop(args: dict[str, Any]) -> None:
+    environ.apply_settings()  # a Ray Train worker is an entry point of its own
     import ray
 
     from components.trainer.collective import TorchCollective
@@ -86,7 +78,6 @@ def run_on_ray(config: TrainingJobConfig, out: RunOutput, workers: int, tracker:
                log: Callable[[str], None] = status_line) -> None:
     """Train with ``workers`` Ray Train workers into ``out``; joins the Ray cluster at $RAY_ADDRESS (as in a
     RayJob) or starts a local one. WorkersLostError when the workers cannot go on (``config.distributed``)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
     with _ray_session(ray):
@@ -100,16 +91,16 @@ def _ray_session(ray: Any) -> Iterator[None]:
     or fail with "Found multiple active Ray instances" when there are several; so does Ray Train's own
     placement-group cleaner actor, which looks for "the" Ray unless $RAY_ADDRESS names it. Hence the GCS port is
     chosen here and $RAY_ADDRESS set before the start, for the processes Ray spawns, then restored."""
-    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+    if ray.is_initialized() or environ.RAY_ADDRESS.get():
         if not ray.is_initialized():
-            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+            ray.init(address=environ.RAY_ADDRESS.value(), log_to_driver=True)
         yield
         return
     with socket.socket() as s:  # a free port for the GCS (bound on every interface, as Ray's head binds)
         s.bind(("", 0))
         port = s.getsockname()[1]
-    with patched_environ({"RAY_GCS_SERVER_PORT": str(port),
-                          "RAY_ADDRESS": f"{ray.util.get_node_ip_address()}:{port}"}):
+    with environ.patched_environ({environ.RAY_GCS_SERVER_PORT.name: str(port),
+                          environ.RAY_ADDRESS.name: f"{ray.util.get_node_ip_address()}:{port}"}):
         # Ray starts its workers at niceness 15: on a machine with anything else busy (the reward server scoring,
         # a vLLM judge, other jobs) the training workers would get a few percent of a core (seen: a 1-minute run
         # taking 7). Training is this Ray's only work, so its workers run at the driver's priority.
@@ -138,7 +129,6 @@ def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, trac
     args = {"config": config.model_dump(mode="json", include=set(train_fields)),
             "output": out.uri if out.remote else str(local), "run_id": tracker.run_id}
     name = "flowgrpo-" + hashlib.sha256(out.uri.encode()).hexdigest()[:12]
-    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
     d = config.distributed
     trainer = TorchTrainer(
         _worker_loop, train_loop_config=args,
@@ -150,11 +140,14 @@ def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, trac
             # a group that cannot start within start_timeout_s is a controller failure; Ray retries those
             # forever by default, which turns a node that never comes back into a run that never ends
             failure_config=FailureConfig(max_failures=d.max_restarts, controller_failure_limit=0),
-            worker_runtime_env={"env_vars": env},
+            # the dashboard shows a runtime env: secrets reach workers through their own environment (the pod's
+            # Secrets in a cluster, the inherited one locally)
+            worker_runtime_env={"env_vars": environ.worker_settings()},
         ),
     )
-    # Ray Train's print patch would send each of the workers' status lines to the driver twice
-    with patched_environ({START_TIMEOUT_ENV: str(d.start_timeout_s), PRINT_PATCH_ENV: "0"}):
+    # Ray Train reads the start timeout in the driver and hands it to its controller
+    with environ.patched_environ({environ.RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S.name: str(d.start_timeout_s),
+                          environ.RAY_TRAIN_ENABLE_PRINT_PATCH.name: "0"}):
         try:
             trainer.fit()
         except TrainingFailedError as exc:

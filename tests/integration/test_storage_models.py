@@ -26,7 +26,7 @@ def seaweed(tmp_path_factory):
 def s3_env(seaweed, monkeypatch, tmp_path):
     for key, value in seaweed.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv(storage.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("FLOWGRPO_CACHE_DIR", str(tmp_path / "cache"))
     return seaweed
 
 

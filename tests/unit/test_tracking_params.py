@@ -42,8 +42,8 @@ def test_content_hash_ignores_key_order_and_sees_values():
 
 
 def test_lineage_tags(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(tp.GIT_COMMIT_ENV, "abc123")
-    monkeypatch.setenv(tp.IMAGE_ENV, "registry/flowgrpo-trainer:0.1.0")
+    monkeypatch.setenv("FLOWGRPO_GIT_COMMIT", "abc123")
+    monkeypatch.setenv("FLOWGRPO_IMAGE", "registry/flowgrpo-trainer:0.1.0")
     config = load_config(TINY_CONFIG).model_dump(mode="json")
     tags = tp.lineage_tags(config, ["p1", "p2"])
     assert tags["flowgrpo.git_commit"] == "abc123"
@@ -57,6 +57,6 @@ def test_lineage_tags(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_git_commit_falls_back_to_the_checkout(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv(tp.GIT_COMMIT_ENV, raising=False)
+    monkeypatch.delenv("FLOWGRPO_GIT_COMMIT", raising=False)
     commit = tp.git_commit()
     assert commit == "unknown" or (len(commit) == 40 and all(c in "0123456789abcdef" for c in commit))

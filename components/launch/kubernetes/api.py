@@ -6,7 +6,6 @@ that import ``kubernetes``.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -14,6 +13,7 @@ from typing import Literal
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from components import environ
 from components.errors import LaunchError
 
 # Transient API trouble (restarts, overload) during a days-long follow is waited out this long.
@@ -50,7 +50,7 @@ def api_client_for(host: str | None = None) -> client.ApiClient:
         cfg.host = host.rstrip("/")
     else:
         try:
-            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            if environ.KUBERNETES_SERVICE_HOST.get():
                 config.load_incluster_config(client_configuration=cfg)
             else:
                 config.load_kube_config(client_configuration=cfg)

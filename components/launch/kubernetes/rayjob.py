@@ -13,15 +13,13 @@ from typing import Any, Protocol
 
 import yaml
 
-from components import storage
+from components import environ, storage
 from components.config_base import URL_USERINFO, url_credentials_at
 from components.errors import LaunchError
 from components.launch.kubernetes import podspec
 from components.launch.kubernetes.cluster_config import RayJobConfig
 from components.launch.kubernetes.types import object_store_bytes
 from components.storage import StorageError
-from components.tracking.tracker import PARENT_RUN_ENV
-from components.trainer.entry import CONFIG_ENV
 
 API_VERSION = "ray.io/v1"
 NAME_PREFIX = "flowgrpo-"
@@ -64,8 +62,8 @@ def _pod(cluster: RayJobConfig, labels: dict[str, str], *, cpu: str, memory: str
         "image": cluster.image,
         "imagePullPolicy": "IfNotPresent",
         "env": [
-            {"name": "HF_HUB_OFFLINE", "value": "1"},
-            {"name": "FLOWGRPO_IMAGE", "value": cluster.image},  # recorded as an MLflow lineage tag
+            *({"name": name, "value": value} for name, value in environ.entry_settings().items()),
+            {"name": environ.FLOWGRPO_IMAGE.name, "value": cluster.image},  # recorded as an MLflow lineage tag
             # The root filesystem is read-only: every cache kept under $HOME (the base model copied from s3://,
             # checkpoints being staged, torch, Triton, Hugging Face) goes to the /tmp emptyDir.
             {"name": "HOME", "value": "/tmp"},
@@ -134,11 +132,12 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
     # pods' own NetworkPolicy does (build_network_policy)
     labels = {"app.kubernetes.io/name": "flowgrpo", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/managed-by": "flowgrpo", **podspec.trainer_selector(run_id)}
-    env_vars = {CONFIG_ENV: _dump(data), "HF_HUB_OFFLINE": "1"}
+    config_env = environ.FLOWGRPO_EXPERIMENT_CONFIG.name
+    env_vars = {config_env: _dump(data), **environ.entry_settings()}
     if parent_run_id:
-        env_vars[PARENT_RUN_ENV] = parent_run_id
+        env_vars[environ.FLOWGRPO_MLFLOW_PARENT_RUN_ID.name] = parent_run_id
     replicas = cluster.workers.replicas
-    entrypoint = (f"python -m components.trainer --config env:{CONFIG_ENV} --output {shlex.quote(output)} "
+    entrypoint = (f"python -m components.trainer --config env:{config_env} --output {shlex.quote(output)} "
                   f"--ray-workers {cluster.workers.training_workers} --auto-resume")  # a retried job continues
     cluster_spec: dict[str, Any] = {
         "rayVersion": cluster.ray_version,

@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from components import environ
 from components.console import status_line
 from components.errors import LaunchError
 from components.launch.kubernetes.podspec import (
@@ -47,9 +48,10 @@ IMAGE_UID = 10001
 MODELS = "/models"
 # The judge's model from s3://: the same copy as manifests/components/judge-from-s3 (checksums verified).
 FETCH_MODEL = """\
-import os, sys
+import sys
+from components import environ
 from components.storage import download_dir
-uri, target = os.environ["FLOWGRPO_JUDGE_MODEL_URI"], os.environ["FLOWGRPO_JUDGE_MODEL_DIR"]
+uri, target = environ.FLOWGRPO_JUDGE_MODEL_URI.value(), environ.FLOWGRPO_JUDGE_MODEL_DIR.value()
 files = download_dir(uri, target)
 print(f"fetch-model: {len(files)} files from {uri} in {target}", flush=True)
 sys.exit(0 if files else f"fetch-model: no objects under {uri}")
@@ -188,8 +190,9 @@ def _judge_objects(config: DeployableConfig, name: str, namespace: str, run_id: 
             "image": judge.fetch_image,
             "imagePullPolicy": "IfNotPresent",
             "command": ["python", "-c", FETCH_MODEL],
-            "env": [{"name": "FLOWGRPO_JUDGE_MODEL_URI", "value": judge.model},
-                    {"name": "FLOWGRPO_JUDGE_MODEL_DIR", "value": model_dir}, {"name": "HOME", "value": "/tmp"},
+            "env": [{"name": environ.FLOWGRPO_JUDGE_MODEL_URI.name, "value": judge.model},
+                    {"name": environ.FLOWGRPO_JUDGE_MODEL_DIR.name, "value": model_dir},
+                    {"name": "HOME", "value": "/tmp"},
                     *secret_env(deploy.s3_secret, S3_SECRET_KEYS)],
             "resources": resources("1", "1Gi", 0),
             "securityContext": container_security(),
@@ -219,7 +222,7 @@ def build_reward_server_objects(config: DeployableConfig, *, name: str, namespac
         "args": ["--config", f"{CONFIG_DIR}/{CONFIG_FILE}", "--host", "0.0.0.0", "--port", str(deploy.port)],
         "ports": [{"name": "http", "containerPort": deploy.port, "protocol": "TCP"}],
         "env": [
-            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            *({"name": name, "value": value} for name, value in environ.entry_settings().items()),
             {"name": "HOME", "value": "/tmp"},
             # OCR (onnxruntime) and torch use as many threads as the CPU limit, not as the node has cores.
             {"name": "OMP_NUM_THREADS", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
