@@ -153,8 +153,8 @@ def resolve_config(value: str | Path) -> Path:
 
 def bundled_config(name: str) -> Path | None:
     """``pipeline/configs/NAME.yaml`` when ``name`` names one of the example configs shipped in the package."""
-    path = CONFIG_DIR / f"{name}.yaml"
-    return path if name and "/" not in name and path.is_file() else None
+    # Looked up among the shipped names, not on disk: a config's text (the pipeline parameter) is no file name.
+    return CONFIG_DIR / f"{name}.yaml" if name in example_configs() else None
 
 
 def config_parameter(value: str | Path) -> str:
