@@ -77,14 +77,13 @@ def check_rewards(config: ExperimentConfig) -> None:
     build them with (``check_spec``: a custom reward's module is imported, its class must be a Reward, its
     arguments must fit), so `flowgrpo validate` fails with the line `train` would: the training rewards unless
     a reward server scores them, and the evaluation rewards (the training ones when ``eval_rewards`` is null)."""
-    from components.rewards.registry import check_spec
+    from components.rewards.registry import check_specs
 
     lists = {"eval_rewards": config.eval_rewards} if config.eval_rewards is not None else {}
     if config.reward_server.url is None or config.eval_rewards is None:
         lists = {"rewards": config.rewards, **lists}
     for where, specs in lists.items():
-        for i, spec in enumerate(specs):
-            check_spec(spec, f"{where}.{i}")
+        check_specs(specs, where)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

@@ -66,7 +66,7 @@ def load_prompt_rows(config: DataConfig) -> list[PromptRow]:
     if config.split != "train":
         raise DataError(f"data.split {config.split!r} needs a prepared dataset; {path} is a plain prompt file")
     if not storage.exists(path):
-        raise DataError(f"data.path: {path} does not exist")
+        raise DataError(f"data.path: {path} does not exist or is not a file")
     try:
         text = storage.get_bytes(path).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -75,6 +75,23 @@ def load_prompt_rows(config: DataConfig) -> list[PromptRow]:
     if not rows:
         raise DataError(f"data.path: {path} holds no prompts")
     return rows
+
+
+def data_path_note(config: DataConfig) -> str | None:
+    """What ``flowgrpo validate`` says about ``data.path``: it reads the prompts as `train` does
+    (``load_prompt_rows``), so what `train` refuses it refuses with the same line. A path missing on this machine is
+    a note, as for ``model.path`` (the shipped configs name files of the machine that trains), and so is an s3://
+    path (it needs the S3 credentials)."""
+    path = config.path
+    if path is None:
+        return None
+    if storage.is_remote(path):
+        return f"data.path {path}: read when the run starts (needs the S3 credentials)"
+    if not storage.local_copy(path).exists():
+        return (f"data.path {path} does not exist on this machine: fine if it exists where the training runs; "
+                "`flowgrpo train` here would stop on it")
+    load_prompt_rows(config)
+    return None
 
 
 def held_out_rows(config: DataConfig) -> tuple[list[PromptRow], bool]:

@@ -45,4 +45,4 @@ def test_validate_and_train_refuse_a_hostile_config_with_the_same_line(probe, tm
     validated = _error("validate", "--config", str(config))
     assert needle in validated
     assert _error("train", "--config", str(config), "--output", str(tmp_path / "run")) == validated
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()  # refused before anything is written (before: config.yaml, run.json)

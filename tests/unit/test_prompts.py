@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from components.dataset.config import DataConfig
 from components.dataset.prepare import prepare_dataset
-from components.dataset.prompts import MAX_PROMPT_TOKENS, load_prompts
+from components.dataset.prompts import MAX_PROMPT_TOKENS, data_path_note, load_prompts
 from components.errors import DataError
 
 
@@ -98,3 +98,38 @@ def _as_jsonl(path):
     out = path.with_suffix(".prep.jsonl")
     out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in path.read_text().splitlines() if p.strip()))
     return str(out)
+
+
+def _bad_sources(tmp_path):
+    """data.path values that exist here and that training refuses."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    folder = tmp_path / "folder.txt"
+    folder.mkdir()
+    long = tmp_path / "long.txt"
+    long.write_text("a" * 2000 + "\n")
+    return {"/dev/null": "/dev/null", "not UTF-8": str(latin), "a folder": str(folder),
+            "a folder without manifest": str(tmp_path), "a too-long prompt": str(long)}
+
+
+def test_validate_refuses_what_training_refuses_with_the_same_line(tmp_path):
+    for what, path in _bad_sources(tmp_path).items():
+        data = DataConfig(prompts=None, path=path)
+        with pytest.raises(DataError) as trained:
+            load_prompts(data)
+        with pytest.raises(DataError) as validated:
+            data_path_note(data)
+        assert str(validated.value) == str(trained.value), what
+        assert path in str(trained.value), what
+
+
+def test_validate_notes_a_data_path_it_cannot_read_here_without_failing(tmp_path):
+    good = tmp_path / "p.txt"
+    good.write_text("a cat\n")
+    assert data_path_note(DataConfig(prompts=None, path=str(good))) is None
+    assert data_path_note(DataConfig()) is None  # inline prompts: the schema checked them
+    missing = data_path_note(DataConfig(prompts=None, path="/data/ocr/train.jsonl"))  # as the shipped GPU configs
+    assert missing.startswith("data.path /data/ocr/train.jsonl does not exist on this machine")
+    assert "`flowgrpo train` here would stop on it" in missing
+    remote = data_path_note(DataConfig(prompts=None, path="s3://bucket/data/train.jsonl"))
+    assert remote == "data.path s3://bucket/data/train.jsonl: read when the run starts (needs the S3 credentials)"
