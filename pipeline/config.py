@@ -136,8 +136,11 @@ def resolve_config(value: str | Path) -> Path:
     (``tiny-flux-cpu`` = ``pipeline/configs/tiny-flux-cpu.yaml``). A file wins over a shipped name, so a local
     ``tiny-cpu`` file is read as it is. ``env:NAME`` is passed through (``read_yaml_mapping`` reads it)."""
     path, text = Path(value), str(value)
-    if text.startswith(ENV_SOURCE) or path.is_file():
-        return path
+    try:
+        if text.startswith(ENV_SOURCE) or path.is_file():
+            return path
+    except OSError as exc:  # a name the filesystem refuses (too long)
+        raise ConfigError(f"config {text[:60]}...: {exc.strerror}") from exc
     if (bundled := bundled_config(text)) is not None:
         return bundled
     shipped = ", ".join(example_configs())
