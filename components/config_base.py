@@ -2,6 +2,7 @@
 loader every user-written YAML goes through."""
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,25 +17,54 @@ from components.errors import ConfigError
 SEED_LIMIT = 2**32
 Seed = Annotated[int, Field(ge=0, lt=SEED_LIMIT)]
 
-URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+# `scheme://userinfo@`: a scheme (a letter, then letters, digits, + . -), `://`, then characters up to the first
+# `@` with no `/` or whitespace between. Linear in the text: a match may start only where a run of scheme characters
+# starts (the lookbehind), and the possessive quantifiers never give back what they took, so each character is
+# looked at a bounded number of times (a search starting at every letter of a 1 MB word was quadratic: 80 s for
+# 256 KB). The run's leading digits and signs, which cannot start a scheme, are matched into `lead`: a
+# substitution writes `\g<lead>` back, so `scheme` and the text around the match are exactly those of the plain
+# `[A-Za-z][A-Za-z0-9+.-]*://[^/@\s]+@`.
+URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])(?P<lead>[0-9+.-]*+)(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*+://)[^/@\s]++@")
+# The longest string (a value or a key) a config may hold: ample for a path, a URL or a prompt, and a bound on
+# what every reader of a config (the credential check, MLflow params, a tokenizer) is handed.
+MAX_STRING_CHARS = 65_536
+# The longest config text (a file, `env:NAME`, the pipeline's config parameter, a `key=value`'s value): 50 times the
+# largest shipped config (10 KB), thousands of inline prompts, and half a second of PyYAML (about 1 MB a second
+# here). Many prompts belong in a `data.path` file.
+MAX_CONFIG_CHARS = 1 << 19
 
 
-def url_credentials_at(data: Any, prefix: str = "") -> str | None:
-    """The key path of the first string in ``data`` holding a URL with ``user[:password]@``, else None."""
+def _first_string_at(data: Any, bad: Callable[[str], bool], prefix: str = "", keys: bool = False) -> str | None:
+    """The key path of the first string in ``data`` that is ``bad``, else None. With ``keys`` a mapping's keys are
+    looked at too; a bad key's path ends in its first 40 characters."""
     if isinstance(data, str):
-        return prefix or "(value)" if URL_USERINFO.search(data) else None
+        return prefix or "(value)" if bad(data) else None
     items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
     for key, value in items:
-        found = url_credentials_at(value, f"{prefix}.{key}" if prefix else str(key))
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if keys and isinstance(key, str) and bad(key):
+            return f"{prefix}.{key[:40]}..." if prefix else f"{key[:40]}..."
+        found = _first_string_at(value, bad, path, keys)
         if found:
             return found
     return None
 
 
-def refuse_url_credentials(data: Any) -> Any:
-    """A config must not carry credentials: it is written to the run's output, S3 and logs. Every service it
-    names takes them from the environment (S3: AWS_*, MLflow: MLFLOW_TRACKING_*, the VLM judge: its
-    api_key_env) or a Kubernetes Secret. The message names the key, never the value."""
+def url_credentials_at(data: Any, prefix: str = "") -> str | None:
+    """The key path of the first string in ``data`` holding a URL with ``user[:password]@``, else None."""
+    return _first_string_at(data, lambda text: URL_USERINFO.search(text) is not None, prefix)
+
+
+def check_strings(data: Any) -> Any:
+    """Every string of a config (value or key) is at most ``MAX_STRING_CHARS`` long, checked first so that no
+    reader (the credential check's regex included) is handed more; and no URL in it carries credentials: a config
+    is written to the run's output, S3 and logs. Every service it names takes them from the environment (S3:
+    AWS_*, MLflow: MLFLOW_TRACKING_*, the VLM judge: its api_key_env) or a Kubernetes Secret. The messages name
+    the key, never the value."""
+    where = _first_string_at(data, lambda text: len(text) > MAX_STRING_CHARS, keys=True)
+    if where:
+        raise ValueError(f"{where}: a string longer than {MAX_STRING_CHARS:,} characters, the most a config "
+                         "string may hold (many prompts belong in a data.path file)")
     where = url_credentials_at(data)
     if where:
         raise ValueError(f"{where}: a URL with credentials (user:password@) would be written to the run's "
@@ -148,7 +178,11 @@ ConfigLoader.add_implicit_resolver(
 
 
 def load_yaml(text: str, source: str) -> Any:
-    """``text`` parsed by ``ConfigLoader``; a ConfigError of one line naming ``source`` and the line otherwise."""
+    """``text`` parsed by ``ConfigLoader``; a ConfigError of one line naming ``source`` and the line otherwise.
+    A text longer than ``MAX_CONFIG_CHARS`` is refused unparsed."""
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError(f"{source}: longer than {MAX_CONFIG_CHARS:,} characters, the most a config may hold "
+                          "(many prompts belong in a data.path file)")
     loader = ConfigLoader(text)
     try:
         return loader.get_single_data()
@@ -179,7 +213,8 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
         elif not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         else:
-            text = path.read_text(encoding="utf-8")
+            with path.open(encoding="utf-8") as f:
+                text = f.read(MAX_CONFIG_CHARS + 1)  # a longer file is refused by load_yaml, never read whole
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc})") from exc
     data = load_yaml(text, source)

@@ -51,12 +51,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from components.dataset.prompts import data_path_note
     from components.models.config import model_path_note
     from components.trainer.config import describe_batches, epoch_split_problems
     from pipeline.config import check_rewards
 
     config = load_config(args.config, args.overrides)
     check_rewards(config)
+    data_note = data_path_note(config.data)
     workers = config.cluster.workers.training_workers
     problems = epoch_split_problems(config, workers)
     if problems:
@@ -67,8 +69,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     n = config.sampling.prompts_per_epoch * config.sampling.group_size
     print(f"{args.config}: valid ({config.model.kind}, {config.train.epochs} epochs, {n} images per epoch)")
     print(f"on the cluster: {describe_batches(config, workers)}")
-    if note:
-        print(note)
+    for line in (note, data_note):
+        if line:
+            print(line)
     return 0
 
 

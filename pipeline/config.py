@@ -77,14 +77,13 @@ def check_rewards(config: ExperimentConfig) -> None:
     build them with (``check_spec``: a custom reward's module is imported, its class must be a Reward, its
     arguments must fit), so `flowgrpo validate` fails with the line `train` would: the training rewards unless
     a reward server scores them, and the evaluation rewards (the training ones when ``eval_rewards`` is null)."""
-    from components.rewards.registry import check_spec
+    from components.rewards.registry import check_specs
 
     lists = {"eval_rewards": config.eval_rewards} if config.eval_rewards is not None else {}
     if config.reward_server.url is None or config.eval_rewards is None:
         lists = {"rewards": config.rewards, **lists}
     for where, specs in lists.items():
-        for i, spec in enumerate(specs):
-            check_spec(spec, f"{where}.{i}")
+        check_specs(specs, where)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -137,8 +136,11 @@ def resolve_config(value: str | Path) -> Path:
     (``tiny-flux-cpu`` = ``pipeline/configs/tiny-flux-cpu.yaml``). A file wins over a shipped name, so a local
     ``tiny-cpu`` file is read as it is. ``env:NAME`` is passed through (``read_yaml_mapping`` reads it)."""
     path, text = Path(value), str(value)
-    if text.startswith(ENV_SOURCE) or path.is_file():
-        return path
+    try:
+        if text.startswith(ENV_SOURCE) or path.is_file():
+            return path
+    except OSError as exc:  # a name the filesystem refuses (too long)
+        raise ConfigError(f"config {text[:60]}...: {exc.strerror}") from exc
     if (bundled := bundled_config(text)) is not None:
         return bundled
     shipped = ", ".join(example_configs())
@@ -153,8 +155,8 @@ def resolve_config(value: str | Path) -> Path:
 
 def bundled_config(name: str) -> Path | None:
     """``pipeline/configs/NAME.yaml`` when ``name`` names one of the example configs shipped in the package."""
-    path = CONFIG_DIR / f"{name}.yaml"
-    return path if name and "/" not in name and path.is_file() else None
+    # Looked up among the shipped names, not on disk: a config's text (the pipeline parameter) is no file name.
+    return CONFIG_DIR / f"{name}.yaml" if name in example_configs() else None
 
 
 def config_parameter(value: str | Path) -> str:

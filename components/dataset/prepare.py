@@ -214,8 +214,9 @@ def _parquet_records(path: Path, source: str) -> Iterator[_Record]:
         raise DataError(f"{source}: cannot read the Parquet rows after row {n} ({exc})") from exc
 
 
-def _check(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int) -> tuple[PromptRow | None, str, str]:
-    """The row a record makes, or None with the reason and a detail."""
+def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int) -> tuple[PromptRow | None, str, str]:
+    """The row a record makes, or None with the reason (a key of ``REASONS``) and a detail. The one row check:
+    `prepare-dataset` rejects such a row, a training run reading a prompt file directly stops on it."""
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return None, "missing_prompt", "" if prompt is None else f"prompt is {prompt!r}"[:80]
@@ -252,7 +253,7 @@ def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int,
         if record.fields is None:
             rejections.add(record.reason, record.where, record.detail)
             continue
-        row, reason, detail = _check(record.fields, kind, max_prompt_tokens)
+        row, reason, detail = check_row(record.fields, kind, max_prompt_tokens)
         if row is not None and row.prompt in first_seen:
             row, reason, detail = None, "duplicate", f"first at {rejections.unit} {first_seen[row.prompt]}"
         if row is None:

@@ -6,7 +6,8 @@ import json
 from pathlib import PurePosixPath
 
 from components import storage
-from components.dataset.config import DataConfig
+from components.dataset.config import DataConfig, PrepareConfig
+from components.dataset.prepare import REASONS, check_row
 from components.dataset.prepared import MANIFEST_NAME, PromptRow, read_manifest, read_split
 from components.errors import DataError
 
@@ -15,22 +16,30 @@ __all__ = ["PromptRow", "dataset_hash", "held_out_rows", "is_prepared", "load_pr
 _FILE_SUFFIXES = (".txt", ".jsonl")
 
 
+# A prompt file trained on directly has no `dataset.max_prompt_tokens` of its own: it gets prepare-dataset's default.
+MAX_PROMPT_TOKENS = PrepareConfig.default_of("max_prompt_tokens")
+
+
 def _parse_file(text: str, path: str, jsonl: bool) -> list[PromptRow]:
+    """The rows of a .txt (a prompt a line) or .jsonl file, as written; each must pass `prepare-dataset`'s row check
+    (``check_row``), else a DataError names the file and line."""
     rows = []
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        if not jsonl:
-            rows.append(PromptRow(line.strip()))
-            continue
         try:
-            obj = json.loads(line)
-            prompt = obj["prompt"]
-        except (ValueError, KeyError, TypeError) as exc:
+            fields = json.loads(line) if jsonl else {"prompt": line.strip()}
+        except ValueError as exc:
             raise DataError(f"{path}:{lineno}: expected a JSON object with a 'prompt' field ({exc})") from exc
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise DataError(f"{path}:{lineno}: 'prompt' must be a non-empty string")
-        rows.append(PromptRow(prompt, {k: v for k, v in obj.items() if k != "prompt"}))
+        if not isinstance(fields, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object with a 'prompt' field, got a JSON "
+                            f"{type(fields).__name__}")
+        checked, reason, detail = check_row(fields, "generic", MAX_PROMPT_TOKENS)
+        if checked is None:
+            hint = ("; for a longer limit prepare the file with `flowgrpo prepare-dataset --max-prompt-tokens N` and "
+                    "train on its output" if reason == "prompt_too_long" else "")
+            raise DataError(f"{path}:{lineno}: {REASONS[reason]}{f' ({detail})' if detail else ''}{hint}")
+        rows.append(PromptRow(fields["prompt"], {k: v for k, v in fields.items() if k != "prompt"}))
     return rows
 
 
@@ -57,7 +66,7 @@ def load_prompt_rows(config: DataConfig) -> list[PromptRow]:
     if config.split != "train":
         raise DataError(f"data.split {config.split!r} needs a prepared dataset; {path} is a plain prompt file")
     if not storage.exists(path):
-        raise DataError(f"data.path: {path} does not exist")
+        raise DataError(f"data.path: {path} does not exist or is not a file")
     try:
         text = storage.get_bytes(path).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -66,6 +75,23 @@ def load_prompt_rows(config: DataConfig) -> list[PromptRow]:
     if not rows:
         raise DataError(f"data.path: {path} holds no prompts")
     return rows
+
+
+def data_path_note(config: DataConfig) -> str | None:
+    """What ``flowgrpo validate`` says about ``data.path``: it reads the prompts as `train` does
+    (``load_prompt_rows``), so what `train` refuses it refuses with the same line. A path missing on this machine is
+    a note, as for ``model.path`` (the shipped configs name files of the machine that trains), and so is an s3://
+    path (it needs the S3 credentials)."""
+    path = config.path
+    if path is None:
+        return None
+    if storage.is_remote(path):
+        return f"data.path {path}: read when the run starts (needs the S3 credentials)"
+    if not storage.local_copy(path).exists():
+        return (f"data.path {path} does not exist on this machine: fine if it exists where the training runs; "
+                "`flowgrpo train` here would stop on it")
+    load_prompt_rows(config)
+    return None
 
 
 def held_out_rows(config: DataConfig) -> tuple[list[PromptRow], bool]:

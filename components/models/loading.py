@@ -49,10 +49,31 @@ def _attr(spec: tuple[str, str]):
     return getattr(importlib.import_module(spec[0]), spec[1])
 
 
+def check_model_path(config: ModelConfig) -> None:
+    """Refuse a local ``model.path`` that is no supported diffusers pipeline directory, as loading would, without
+    loading it (an ``s3://`` path is checked when it is downloaded)."""
+    from components import storage
+
+    if config.kind == "diffusers" and not storage.is_remote(config.path):
+        _pipeline_class(storage.local_copy(config.path) if storage.is_uri(config.path) else Path(config.path),
+                        config.path)
+
+
 def _load_diffusers(path: str, dtype: torch.dtype):
     from components import storage
 
     root = storage.local_copy(path) if storage.is_uri(path) else Path(path)
+    class_name = _pipeline_class(root, path)
+    import diffusers
+
+    try:
+        return getattr(diffusers, class_name).from_pretrained(str(root), dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
+
+
+def _pipeline_class(root: Path, path: str) -> str:
+    """The supported diffusers pipeline class the directory ``root`` (``model.path`` ``path``) holds."""
     index = root / "model_index.json"
     if not root.is_dir():
         raise ModelLoadError(f"model.path: {path} is not a directory (a diffusers pipeline saved with save_pretrained)")
@@ -66,12 +87,7 @@ def _load_diffusers(path: str, dtype: torch.dtype):
         raise ModelLoadError(
             f"model.path: {path} holds a {class_name}; supported pipelines: {', '.join(PIPELINES)}"
         )
-    import diffusers
-
-    try:
-        return getattr(diffusers, class_name).from_pretrained(str(root), dtype=dtype, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
+    return class_name
 
 
 def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> FlowMatchingModel:

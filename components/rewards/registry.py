@@ -75,6 +75,12 @@ def check_spec(spec: RewardSpec, where: str = "rewards") -> type[Reward]:
     return cls
 
 
+def check_specs(specs: list[RewardSpec], where: str) -> None:
+    """``check_spec`` on each of ``specs``, named ``where.0``, ``where.1``, ... as the scorers name them."""
+    for i, spec in enumerate(specs):
+        check_spec(spec, f"{where}.{i}")
+
+
 def _inner_spec(value: dict[str, Any], where: str) -> RewardSpec:
     try:
         return RewardSpec.model_validate(value)

@@ -23,7 +23,7 @@ RUN_OUTPUT_TAG = "flowgrpo.run_output"
 
 def redact(text: str) -> str:
     """``scheme://user:password@host`` -> ``scheme://***@host``."""
-    return URL_USERINFO.sub(r"\g<scheme>***@", text)
+    return URL_USERINFO.sub(r"\g<lead>\g<scheme>***@", text)
 
 
 def short_error(exc: BaseException) -> str:

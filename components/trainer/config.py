@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import Section, Seed, format_validation_error, refuse_url_credentials
+from components.config_base import Section, Seed, check_strings, format_validation_error
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
 from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
@@ -70,8 +70,8 @@ class TrainingJobConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_credentials(cls, data: Any) -> Any:
-        return refuse_url_credentials(data)
+    def _check_strings(cls, data: Any) -> Any:
+        return check_strings(data)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingJobConfig:

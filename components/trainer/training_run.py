@@ -10,10 +10,13 @@ import yaml
 
 from components import storage
 from components.console import status_line
+from components.dataset.prepared import PromptRow
 from components.dataset.prompts import dataset_hash, load_prompt_rows
 from components.errors import CheckpointError
 from components.flowgrpo.metrics import MetricsFile
+from components.models.loading import check_model_path
 from components.registry.versions import register_lora_version
+from components.rewards.registry import check_specs
 from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_tags, redact
 from components.tracking.tracker import NullTracker, open_tracker, resolve_parent_run
 from components.trainer import checkpoint as ckpt
@@ -29,6 +32,18 @@ from components.trainer.run_output import (
     run_name,
     write_run_record,
 )
+
+
+def check_before_writing(config: TrainingJobConfig, workers: int) -> list[PromptRow]:
+    """What a run refuses before it writes anything under its output: a worker count that cannot split an epoch,
+    a reward this process would score that cannot be built (``check_spec``, as `flowgrpo validate` runs it), a
+    local ``model.path`` that is no pipeline, a ``data.path`` that cannot be read. Returns the prompts."""
+    if workers:
+        check_world_size(config, workers)
+    if config.reward_server.url is None:
+        check_specs(config.rewards, "rewards")
+    check_model_path(config.model)
+    return load_prompt_rows(config.data)
 
 
 def _open_output(record: dict, output: str | Path,
@@ -71,8 +86,7 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
     ``workers`` > 0 trains on that many Ray Train workers instead of in this process. Tracks to MLflow when
     MLFLOW_TRACKING_URI is set. ``record``: the whole experiment the config is part of, kept with the run
     (config.yaml, MLflow params); default the config itself."""
-    if workers:
-        check_world_size(config, workers)
+    rows = check_before_writing(config, workers)  # loaded once: for the lineage and for the trainer in this process
     dumped = config.model_dump(mode="json") if record is None else record
     out, start = _open_output(dumped, output, resume)
     t = config.tracking
@@ -82,7 +96,6 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
                            parent_run_id=parent, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
-        rows = load_prompt_rows(config.data)  # loaded once: for the lineage and for the trainer in this process
         lineage = lineage_tags(dumped, [r.prompt for r in rows], dataset_hash(config.data))
         tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
         if start is None:

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +56,7 @@ def test_train_with_missing_model_path_fails_before_training(tmp_path):
     proc = flowgrpo("train", "--output", str(tmp_path / "out"), "model.kind=diffusers",
                     f"model.path={tmp_path / 'no-such-model'}")
     assert "model.path:" in _error_line(proc) and "no-such-model" in _error_line(proc)
-    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    assert not (tmp_path / "out").exists()  # refused before anything is written (before: config.yaml, run.json)
 
 
 def test_validate_accepts_the_shipped_configs(capsys):
@@ -277,6 +278,43 @@ def test_validate_and_train_refuse_a_bad_config_with_the_same_line_before_any_wo
     assert not (tmp_path / "run").exists()  # refused before any work
     assert "PLANTED" not in lines["train"]  # a planted password is named by its key, never echoed
     assert not any("PLANTED" in p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file())
+
+
+def _bad_data_paths(tmp_path: Path) -> dict[str, str]:
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    (tmp_path / "folder.txt").mkdir()
+    long = tmp_path / "long.txt"
+    long.write_text("a cat\n" + "a" * 1_000_000 + "\n")  # before: train reached 2.0 GB RSS on it
+    return {"/dev/null": "must be a .txt or .jsonl file or a prepared dataset folder",
+            str(latin): "is not UTF-8 text", str(tmp_path / "folder.txt"): "does not exist or is not a file",
+            str(long): f"{long}:2: prompt longer than max_prompt_tokens (estimated) (about 250000 tokens, limit 256)"}
+
+
+def test_validate_and_train_refuse_an_unreadable_data_path_with_the_same_line_writing_nothing(tmp_path, capsys):
+    # Before: validate said valid for each; train wrote config.yaml under --output, then failed.
+    from pipeline.cli import main
+
+    for path, needle in _bad_data_paths(tmp_path).items():
+        lines = {}
+        for command in (["validate"], ["train", "--output", str(tmp_path / "run")]):
+            assert main([*command, "data.prompts=null", f"data.path={path}"]) == 2, path
+            err = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+            assert len(err) == 1 and needle in err[0], err
+            lines[command[0]] = err[0].split(": error: ", 1)[1]
+        assert lines["validate"] == lines["train"]
+        assert not (tmp_path / "run").exists(), path
+
+
+def test_a_refused_train_writes_nothing_to_an_s3_output(s3_env, tmp_path, capsys):
+    from components import storage
+    from pipeline.cli import main
+
+    output = f"s3://{s3_env.bucket}/refused-{uuid.uuid4().hex[:8]}"
+    for overrides in (["data.prompts=null", "data.path=/dev/null"], ["rewards=[{name: 'foo.bar:Baz'}]"]):
+        assert main(["train", "--output", output, *overrides]) == 2
+        assert "error:" in capsys.readouterr().err
+        assert storage.list(output) == [], overrides
 
 
 def test_trainer_entry_module_trains_its_sections_of_a_whole_experiment_from_the_environment(tmp_path, small_config):

@@ -24,6 +24,10 @@ PROBES = {
                               + "".join(f"      {line}\n" for line in LAUGHS), "c.yaml:8:16: alias *l3 expands"),
     "boolean learning rate": ("train: {learning_rate: true}\n", "train.learning_rate: Input should be a valid number"),
     "duplicate key": ("seed: 1\nseed: 2\n", "c.yaml:2:1: duplicate key 'seed' (lines 1 and 2)"),
+    # Before: 80 s in the credential check's regex; a 50 MB scalar, over 300 s.
+    "a 256 KB string": (f"data: {{prompts: null, path: {'a' * 256_000}.txt}}\n",
+                        "data.path: a string longer than 65,536 characters"),
+    "a 50 MB scalar": (f"x: {'a' * 50_000_000}\n", "c.yaml: longer than 524,288 characters"),
 }
 
 
@@ -45,4 +49,4 @@ def test_validate_and_train_refuse_a_hostile_config_with_the_same_line(probe, tm
     validated = _error("validate", "--config", str(config))
     assert needle in validated
     assert _error("train", "--config", str(config), "--output", str(tmp_path / "run")) == validated
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()  # refused before anything is written (before: config.yaml, run.json)

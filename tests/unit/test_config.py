@@ -329,3 +329,10 @@ def test_the_shapes_model_refuses_a_resolution_it_was_not_trained_at():
     with pytest.raises(ConfigError, match=r"model.resolution is 32, but the shapes-sd3 demo model was trained at "
                                           r"48 px; set model.resolution: 48"):
         load_config(DEFAULT_CONFIG, ["model.resolution=32"])
+
+
+def test_a_config_name_too_long_for_the_filesystem_is_one_line():
+    # Before: a traceback (OSError: File name too long) from the file lookup.
+    with pytest.raises(ConfigError) as info:
+        load_config("a" * 5000)
+    assert str(info.value) == f"config {'a' * 60}...: File name too long"

@@ -1,14 +1,26 @@
 """User YAML is read by one bounded loader, and every config number is a number within bounds the code can take."""
 
+import random
+import re
 import time
 from pathlib import Path
 
 import pytest
 
-from components.config_base import MAX_ALIAS_NODES, SEED_LIMIT, load_yaml
+from components.config_base import (
+    MAX_ALIAS_NODES,
+    MAX_CONFIG_CHARS,
+    MAX_STRING_CHARS,
+    SEED_LIMIT,
+    URL_USERINFO,
+    load_yaml,
+    url_credentials_at,
+)
 from components.errors import ConfigError
 from components.flowgrpo.config import MAX_EPOCHS
 from components.reward_server.settings import load_settings
+from components.tracking.params import redact
+from components.trainer.config import TrainingJobConfig
 from pipeline.config import config_from_parameter, load_config
 
 LAUGHS = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
@@ -138,3 +150,88 @@ def test_the_largest_seed_and_epoch_fit_every_seed_the_trainer_derives():
     config = load_config(None, [f"seed={SEED_LIMIT - 1}", f"train.epochs={MAX_EPOCHS}"])
     _epoch_generator(config.seed, config.train.epochs)
     _noise_generators(config.seed, config.train.epochs, 10**6, "cpu")(0)
+
+
+# The credential pattern as it was (quadratic: a search starts at every letter of a long word), kept as the
+# reference the linear one must agree with.
+PLAIN_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+CRAFTED = [
+    "http://u:p@h", "https://bob:hunter2@rs", "s3://k:hunter2@b/p", "http://u:PLANTED-9f3@127.0.0.1:1",
+    "https://u:PLANTED-9f3@judge/v1", "http://***@judge:8000/v1", "http://judge:8000/v1", "http://@h", "http:/u@h",
+    "1a2b://u@h", "9://u@h", "+.-x://u@h", "a-b.c+d://u:p@h", "x http://u@h y https://v:w@k", "mailto:bob@example.org",
+    "http://u /p@h", "http://u\t@h", "http://a/b@c", "a://b://c@d", "a:b://c@d", "é://u@h", "aé://u@h", "://u@h",
+    "http://u@h@k", "git+ssh://git@github.com/o/r", "s3://bucket/key@v1", "HTTP://U:P@H", "", "@", "a://@",
+]
+
+
+def _strings(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    parts = ["a", "Z", "1", "+", ".", "-", "://", ":", "/", "@", " ", "\n", "é", "s3", "http", "u:p", "x://", "u@"]
+    return ["".join(rng.choice(parts) for _ in range(rng.randint(0, 12))) for _ in range(n)]
+
+
+def test_the_credential_pattern_flags_and_redacts_what_the_plain_pattern_did():
+    flagged = 0
+    for text in CRAFTED + _strings(0, 20_000):
+        assert bool(URL_USERINFO.search(text)) == bool(PLAIN_USERINFO.search(text)), text
+        assert redact(text) == PLAIN_USERINFO.sub(r"\g<scheme>***@", text), text
+        flagged += bool(PLAIN_USERINFO.search(text))
+    assert flagged > 1000  # the random strings exercise both answers
+
+
+@pytest.mark.parametrize("text", ["a" * 1_000_000, "a" * 500_000 + "://" + "u" * 500_000, "a1" * 500_000,
+                                  "1a://" * 200_000, "a://b" * 200_000, "a://u:" * 170_000],
+                         ids=["word", "word-scheme-userinfo", "letters-and-digits", "schemes", "urls", "userinfos"])
+def test_the_credential_pattern_takes_linear_time(text):
+    # Before: the plain pattern took 80 s on a 256 KB word; quadratic, it would take about 20 minutes here.
+    start = time.perf_counter()
+    assert URL_USERINFO.search(text) is None and url_credentials_at({"x": text}) is None
+    assert redact(text) == text
+    assert time.perf_counter() - start < 1
+
+
+def test_a_string_past_the_bound_is_refused_naming_its_key_and_the_bound(tmp_path):
+    long = "a" * (MAX_STRING_CHARS + 1)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"rewards.0.args={{note: {long}}}"])
+    assert f"rewards.0.args.note: a string longer than {MAX_STRING_CHARS:,} characters" in str(info.value)
+    with pytest.raises(ConfigError, match=r"data\.prompts\.1: a string longer than 65,536 characters"):
+        load_config(_write(tmp_path, f"data:\n  prompts: [a cat, {long}]\n"))
+    with pytest.raises(ConfigError, match=r"rewards\.0\.args\.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\.\.\.: a str"):
+        TrainingJobConfig.from_sections({"rewards": [{"name": "brightness", "args": {long: 1}}]}, "x")  # keys too
+    assert load_config(None, [f"data.prompts=[{'a' * MAX_STRING_CHARS}]"]).data.prompts == ["a" * MAX_STRING_CHARS]
+
+
+def test_a_1_mb_string_is_refused_within_a_second_however_it_comes(tmp_path):
+    mb = "http" + "a" * 1_000_000 + "://u"  # what the credential check took quadratic time on
+    starts = {}
+    for how, load in [("override", lambda: load_config(None, [f"data.path={mb}"])),
+                      ("file", lambda: load_config(_write(tmp_path, f"data: {{path: {mb}}}\n"))),
+                      ("sections", lambda: TrainingJobConfig.from_sections({"data": {"path": mb}}, "x"))]:
+        starts[how] = time.perf_counter()
+        with pytest.raises(ConfigError) as info:
+            load()
+        assert time.perf_counter() - starts[how] < 1, how
+        assert "\n" not in str(info.value)
+    assert str(info.value) == (f"invalid config x: data.path: a string longer than {MAX_STRING_CHARS:,} characters, "
+                               "the most a config string may hold (many prompts belong in a data.path file)")
+
+
+def test_a_config_text_past_the_bound_is_refused_unparsed(tmp_path, monkeypatch):
+    path = tmp_path / "big.yaml"
+    with path.open("w") as f:  # a 50 MB scalar: PyYAML alone would take a minute
+        f.write("data: {path: ")
+        for _ in range(50):
+            f.write("a" * 1_000_000)
+        f.write("}\n")
+    monkeypatch.setenv("BIG_CONFIG", "x: " + "a" * MAX_CONFIG_CHARS)
+    for source, load in [(str(path), lambda: load_config(path)),
+                         ("env:BIG_CONFIG", lambda: load_config("env:BIG_CONFIG")),
+                         ("override data.path", lambda: load_config(None, ["data.path=b" + "a" * MAX_CONFIG_CHARS])),
+                         ("config parameter", lambda: config_from_parameter("x: " + "a" * MAX_CONFIG_CHARS))]:
+        start = time.perf_counter()
+        with pytest.raises(ConfigError) as info:
+            load()
+        assert time.perf_counter() - start < 1, source
+        assert str(info.value).startswith(f"{source}: longer than {MAX_CONFIG_CHARS:,} characters, the most a "
+                                          "config may hold (many prompts belong in a data.path file)")

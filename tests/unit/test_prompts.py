@@ -1,10 +1,14 @@
 """Prompt sources of the `data` section."""
 
+import json
+import time
+
 import pytest
 from pydantic import ValidationError
 
 from components.dataset.config import DataConfig
-from components.dataset.prompts import load_prompts
+from components.dataset.prepare import prepare_dataset
+from components.dataset.prompts import MAX_PROMPT_TOKENS, data_path_note, load_prompts
 from components.errors import DataError
 
 
@@ -25,8 +29,10 @@ def test_txt_and_jsonl_files(tmp_path):
     ("name", "content", "needle"),
     [
         ("p.jsonl", '{"prompt": "ok"}\nnot json\n', "p.jsonl:2: expected a JSON object"),
-        ("p.jsonl", '{"text": "no prompt"}\n', "p.jsonl:1: expected a JSON object with a 'prompt' field"),
-        ("p.jsonl", '{"prompt": "  "}\n', "p.jsonl:1: 'prompt' must be a non-empty string"),
+        ("p.jsonl", '{"text": "no prompt"}\n', "p.jsonl:1: missing, empty or non-string prompt"),
+        ("p.jsonl", '{"prompt": "  "}\n', "p.jsonl:1: missing, empty or non-string prompt (prompt is '  ')"),
+        ("p.jsonl", '{"prompt": "ok"}\n["a list"]\n', "p.jsonl:2: expected a JSON object with a 'prompt' field, got"),
+        ("p.jsonl", '{"prompt": "ok", "score": Infinity}\n', "p.jsonl:1: record does not parse (metadata not JSON-"),
         ("p.txt", "\n\n", "holds no prompts"),
         ("p.csv", "prompt\na\n", "must be a .txt or .jsonl file"),
     ],
@@ -54,3 +60,76 @@ def test_exactly_one_source():
     with pytest.raises(ValidationError, match=r"data\.prompts\.1 is empty"):
         DataConfig(prompts=["a", " "])
 
+
+
+@pytest.mark.parametrize("name", ["p.txt", "p.jsonl"])
+def test_a_prompt_file_passes_the_row_check_of_prepare_dataset(tmp_path, name):
+    # Before: a 1 MB prompt in a .txt reached the tokenizers and rewards (train at 2.0 GB RSS instead of 542 MB).
+    def line(prompt: str) -> str:
+        return f'{{"prompt": "{prompt}"}}' if name.endswith(".jsonl") else prompt
+
+    at_limit = " ".join(["a"] * MAX_PROMPT_TOKENS)  # 256 words of 511 characters: estimated 256 tokens
+    path = tmp_path / name
+    path.write_text(f"{line('a cat')}\n{line(at_limit)}\n")
+    assert load_prompts(DataConfig(prompts=None, path=str(path))) == ["a cat", at_limit]
+    prepared = prepare_dataset(str(path.with_suffix(".jsonl")) if name.endswith(".jsonl") else _as_jsonl(path),
+                               str(tmp_path / "prepared"))
+    assert prepared.manifest["rows"]["kept"] == 2  # prepare keeps what train reads
+
+    path.write_text(f"{line('a cat')}\n\n{line(at_limit + ' a')}\n")
+    with pytest.raises(DataError) as info:
+        load_prompts(DataConfig(prompts=None, path=str(path)))
+    assert str(info.value) == (f"{path}:3: prompt longer than max_prompt_tokens (estimated) (about 257 tokens, "
+                               "limit 256); for a longer limit prepare the file with `flowgrpo prepare-dataset "
+                               "--max-prompt-tokens N` and train on its output")
+    assert prepare_dataset(_as_jsonl(path), str(tmp_path / "prepared")).rejections.counts["prompt_too_long"] == 1
+
+    path.write_text(line("a" * 1_000_000) + "\n")
+    start = time.perf_counter()
+    with pytest.raises(DataError, match=r":1: prompt longer than max_prompt_tokens \(estimated\) \(about 250000 "):
+        load_prompts(DataConfig(prompts=None, path=str(path)))
+    assert time.perf_counter() - start < 1
+
+
+def _as_jsonl(path):
+    """The prompts of a .txt or .jsonl file as the JSONL `prepare-dataset` reads."""
+    if path.suffix == ".jsonl":
+        return str(path)
+    out = path.with_suffix(".prep.jsonl")
+    out.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in path.read_text().splitlines() if p.strip()))
+    return str(out)
+
+
+def _bad_sources(tmp_path):
+    """data.path values that exist here and that training refuses."""
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"caf\xe9\n")
+    folder = tmp_path / "folder.txt"
+    folder.mkdir()
+    long = tmp_path / "long.txt"
+    long.write_text("a" * 2000 + "\n")
+    return {"/dev/null": "/dev/null", "not UTF-8": str(latin), "a folder": str(folder),
+            "a folder without manifest": str(tmp_path), "a too-long prompt": str(long)}
+
+
+def test_validate_refuses_what_training_refuses_with_the_same_line(tmp_path):
+    for what, path in _bad_sources(tmp_path).items():
+        data = DataConfig(prompts=None, path=path)
+        with pytest.raises(DataError) as trained:
+            load_prompts(data)
+        with pytest.raises(DataError) as validated:
+            data_path_note(data)
+        assert str(validated.value) == str(trained.value), what
+        assert path in str(trained.value), what
+
+
+def test_validate_notes_a_data_path_it_cannot_read_here_without_failing(tmp_path):
+    good = tmp_path / "p.txt"
+    good.write_text("a cat\n")
+    assert data_path_note(DataConfig(prompts=None, path=str(good))) is None
+    assert data_path_note(DataConfig()) is None  # inline prompts: the schema checked them
+    missing = data_path_note(DataConfig(prompts=None, path="/data/ocr/train.jsonl"))  # as the shipped GPU configs
+    assert missing.startswith("data.path /data/ocr/train.jsonl does not exist on this machine")
+    assert "`flowgrpo train` here would stop on it" in missing
+    remote = data_path_note(DataConfig(prompts=None, path="s3://bucket/data/train.jsonl"))
+    assert remote == "data.path s3://bucket/data/train.jsonl: read when the run starts (needs the S3 credentials)"
