@@ -1,4 +1,5 @@
-"""Config of one reward, of how several are combined, and of the remote reward server."""
+"""Config of one reward (its `args` checked against the built-in's model when it loads), the table of built-in
+rewards (class, arguments model, purpose), how several rewards combine, and the remote reward server."""
 
 from __future__ import annotations
 
