@@ -88,21 +88,26 @@ class Section(BaseModel):
         return cls.model_fields[key].get_default(call_default_factory=True)
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """One line: ``invalid config SOURCE: key.path: problem; ...``. ``source`` names where the mapping came from
-    (a file, ``env:NAME``, a phrase such as "from the pipeline's config parameter")."""
+def validation_problems(exc: ValidationError, prefix: str = "") -> str:
+    """``key.path: problem; ...``, each path under ``prefix`` (``rewards.0.args``) when given."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; the example configs spell every key)"
         elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
             msg = f"{msg} (got {err['input']!r})"
         parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    """One line: ``invalid config SOURCE: key.path: problem; ...``. ``source`` names where the mapping came from
+    (a file, ``env:NAME``, a phrase such as "from the pipeline's config parameter")."""
     # A source that starts with the word itself (config.yaml) must not read "invalid config config.yaml".
     lead = "invalid" if re.match(r"config\b", source) else "invalid config"
-    return f"{lead} {source}: " + "; ".join(parts)
+    return f"{lead} {source}: {validation_problems(exc)}"
 
 
 # Anchors and aliases may stand for at most this many YAML nodes (scalars, lists, mappings) in all: reuse of a section

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from components.config_base import Section
+
 
 @dataclass
 class RewardOutput:
@@ -55,9 +57,12 @@ def _describe(exc: BaseException) -> str:
 
 
 class Reward(ABC):
-    """Base of every reward. Subclasses set ``name`` (the registry key)."""
+    """Base of every reward. Subclasses set ``name`` (the registry key) and, when they take arguments, ``Args``: the
+    model of the config's ``args``, validated and handed to the constructor as its one argument. A reward without
+    ``Args`` (a custom one may) is built with ``args`` as keyword arguments, bound to its constructor's signature."""
 
     name: ClassVar[str] = ""
+    Args: ClassVar[type[Section] | None] = None
     kind: ClassVar[str] = "pointwise"
     video: ClassVar[bool] = False  # scores whole videos (B, F, H, W, 3) rather than images
 

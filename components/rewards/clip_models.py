@@ -21,14 +21,13 @@ from torch import nn
 from transformers import CLIPModel, CLIPProcessor
 
 from components import storage
+from components.rewards.arguments import AestheticArgs, ClipArgs
 from components.rewards.base import BatchedReward
 
 
 def local_path(path: str, arg: str) -> Path:
     """The local file or directory ``path`` names, or a ValueError naming ``arg``. An object-store URI
     (``s3://...``) is fetched once into the local cache (``components.storage.local_copy``)."""
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"{arg} must be a non-empty path, got {path!r}")
     if storage.is_uri(path):
         return storage.local_copy(path)
     resolved = Path(path).expanduser()
@@ -57,24 +56,18 @@ def _check_images(images: np.ndarray) -> None:
 
 
 class _ClipReward(BatchedReward):
-    """Loads a CLIP model and computes L2-normalised image and text embeddings in micro-batches.
+    """Loads a CLIP model and computes L2-normalised image and text embeddings in micro-batches of
+    ``max_batch_size``, to bound memory on large batches. Arguments: ``ClipArgs``."""
 
-    Args:
-        model_path: local directory of a transformers ``CLIPModel`` saved with ``save_pretrained``.
-        processor_path: local directory of its ``CLIPProcessor`` (default: ``model_path``).
-        device: ``auto`` (CUDA if available), ``cpu``, ``cuda`` or ``cuda:N``.
-        max_batch_size: images (or prompts) per forward pass, to bound memory on large batches.
-    """
+    Args = ClipArgs
 
-    def __init__(self, model_path: str, processor_path: str | None = None, device: str = "auto",
-                 max_batch_size: int = 32) -> None:
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be a positive integer, got {max_batch_size!r}")
-        self.max_batch_size = max_batch_size
+    def __init__(self, args: ClipArgs) -> None:
+        model_path, processor_path = args.model_path, args.processor_path
+        self.max_batch_size = args.max_batch_size
         # A fast tokenizer reconfigures its Rust state for padding/truncation on each call and fails with
         # "Already borrowed" when two threads (e.g. reward-server requests) tokenize at once.
         self._tokenizer_lock = threading.Lock()
-        self.device = resolve_device(device)
+        self.device = resolve_device(args.device)
         model_dir = local_path(model_path, "model_path")
         processor_arg, processor_dir = ("model_path", model_dir) if processor_path is None else (
             "processor_path", local_path(processor_path, "processor_path"))
@@ -174,23 +167,19 @@ class AestheticHead(nn.Module):
 
 class AestheticScore(_ClipReward):
     """LAION aesthetic predictor: an MLP on the unit-norm CLIP image embedding, about 1-10 (the prompt
-    is not used).
-
-    Args:
-        model_path: the CLIP the head was trained on (ViT-L/14 for the published
-            ``sac+logos+ava1-l14-linearMSE.pth``), saved locally.
-        head_path: the MLP's state dict, ``.safetensors`` or ``.pt``/``.pth``.
-        processor_path, device, max_batch_size: as in ``_ClipReward``.
+    is not used). ``model_path`` is the CLIP the head was trained on (ViT-L/14 for the published
+    ``sac+logos+ava1-l14-linearMSE.pth``); arguments: ``AestheticArgs``.
     """
 
     name = "aesthetic"
+    Args = AestheticArgs
 
-    def __init__(self, model_path: str, head_path: str, processor_path: str | None = None, device: str = "auto",
-                 max_batch_size: int = 32) -> None:
+    def __init__(self, args: AestheticArgs) -> None:
+        head_path = args.head_path
         head_file = local_path(head_path, "head_path")
         if not head_file.is_file() or head_file.suffix not in HEAD_SUFFIXES:
             raise ValueError(f"head_path: {head_path} must be a {', '.join(HEAD_SUFFIXES)} file")
-        super().__init__(model_path, processor_path, device, max_batch_size)
+        super().__init__(args)
         input_size = self.model.config.projection_dim
         self.head = AestheticHead(input_size)
         try:

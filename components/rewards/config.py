@@ -1,37 +1,24 @@
-"""Config of one reward, of how several are combined, and of the remote reward server."""
+"""Config of one reward (its `args` checked against the built-in's model when it loads), the table of built-in
+rewards (class, arguments model, purpose), how several rewards combine, and the remote reward server."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from components.config_base import Section
+from components.rewards.arguments import AestheticArgs, ClipArgs, GenEvalShapesArgs, NoArgs, OcrArgs, VLMJudgeArgs
 
 Aggregation = Literal["sum", "gdpo"]
 FrameAggregation = Literal["mean", "min"]
-# Built-in reward names -> their classes' import paths (imported only where scoring happens)
-BUILTIN: dict[str, str] = {
-    "brightness": "components.rewards.brightness:Brightness",
-    "geneval_shapes": "components.rewards.geneval_shapes:GenEvalShapes",
-    "jpeg_compressibility": "components.rewards.jpeg:JpegCompressibility",
-    "jpeg_incompressibility": "components.rewards.jpeg:JpegIncompressibility",
-    "ocr": "components.rewards.ocr:OcrReward",
-    "clip_score": "components.rewards.clip_models:ClipScore",
-    "pickscore": "components.rewards.clip_models:PickScore",
-    "aesthetic": "components.rewards.clip_models:AestheticScore",
-    "vlm_judge": "components.rewards.vlm_judge:VLMJudge",
-    "rank": "components.rewards.rank:Rank",
-    "temporal_consistency": "components.rewards.temporal:TemporalConsistency",
-}
-
-
 def import_target(name: str) -> str:
     """The ``module:attribute`` a reward name stands for: a built-in's, or the name itself when it is an import path
     ``package.module:Class`` (or ``package.module.Class``) of dot-separated Python identifiers. ValueError saying
     why otherwise (a file path, a typo): the one place both a config check and the trainer read a name."""
     if name in BUILTIN:
-        return BUILTIN[name]
+        return BUILTIN[name].target
     module, sep, attr = name.partition(":")
     if not sep:
         module, _, attr = name.rpartition(".")
@@ -49,7 +36,7 @@ class RewardSpec(Section):
     name: str = Field(min_length=1, description="built-in reward name or import path package.module:Class")
     label: str | None = Field(default=None, description="key in metrics and results (default: the name)")
     weight: float = Field(default=1.0, description="weight in the combined reward (docs/ALGORITHM.md section 5)")
-    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
+    args: dict[str, Any] = Field(default_factory=dict, description="the reward's arguments (docs/REWARDS.md)")
     required: bool = Field(default=False, description="a failure of this reward aborts the step instead of "
                                                       "excluding the failed samples")
     timeout_s: float = Field(default=300.0, gt=0, le=86400,  # threading refuses waits past ~9.2e9 s
@@ -58,9 +45,62 @@ class RewardSpec(Section):
         default="mean", description="on videos, how an image reward's per-frame scores make the video's score: "
                                     "`mean`, or `min` (the worst frame); video rewards score the whole video")
 
+    @field_validator("args")
+    @classmethod
+    def _typed_args(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """A built-in's arguments are checked against its model here, so every error names its key path; a custom
+        reward's are checked where its class is imported (``registry.check_spec``). The mapping is kept as written:
+        it is what the run's config.yaml and the reward server's settings carry."""
+        builtin = BUILTIN.get(info.data.get("name", ""))
+        if builtin is not None:
+            builtin.args.model_validate(value)
+        return value
+
     @property
     def key(self) -> str:
         return self.label or self.name
+
+
+class RankArgs(Section):
+    reward: RewardSpec = Field(description="the wrapped pointwise reward's config, e.g. {name: jpeg_compressibility}")
+
+
+@dataclass(frozen=True)
+class Builtin:
+    target: str  # the class's import path, imported only where scoring happens
+    args: type[Section]  # the model of its `args`, checked when a config loads
+    purpose: str  # one line, for docs/REWARDS.md
+
+
+BUILTIN: dict[str, Builtin] = {
+    "brightness": Builtin("components.rewards.brightness:Brightness", NoArgs,
+                          "mean luma in [0, 1] (ITU-R BT.601 weights); tiny-cpu's reward"),
+    "geneval_shapes": Builtin("components.rewards.geneval_shapes:GenEvalShapes", GenEvalShapesArgs,
+                              "GenEval for the shapes world: are the objects, counts and colours of the prompt in "
+                              "the image"),
+    "jpeg_compressibility": Builtin("components.rewards.jpeg:JpegCompressibility", NoArgs,
+                                    "-(size of the JPEG at quality 95 in kB) / 500: simpler images score higher"),
+    "jpeg_incompressibility": Builtin("components.rewards.jpeg:JpegIncompressibility", NoArgs,
+                                      "size of the JPEG at quality 95 in kB: more detailed images score higher"),
+    "ocr": Builtin("components.rewards.ocr:OcrReward", OcrArgs,
+                   "1 - edit distance / len(target) between RapidOCR's reading (bundled models, offline) and the "
+                   "prompt's quoted text or metadata.ground_truth"),
+    "clip_score": Builtin("components.rewards.clip_models:ClipScore", ClipArgs,
+                          "cosine of the CLIP image and prompt embeddings, in [-1, 1]"),
+    "pickscore": Builtin("components.rewards.clip_models:PickScore", ClipArgs,
+                         "PickScore: logit_scale.exp() * cosine with a PickScore checkpoint"),
+    "aesthetic": Builtin("components.rewards.clip_models:AestheticScore", AestheticArgs,
+                         "LAION aesthetic MLP on the unit-norm CLIP image embedding (about 1-10)"),
+    "vlm_judge": Builtin("components.rewards.vlm_judge:VLMJudge", VLMJudgeArgs,
+                         "an OpenAI-compatible VLM (vLLM) as judge: Yes/No logprobs, a numeric score, or an OCR "
+                         "transcription"),
+    "rank": Builtin("components.rewards.rank:Rank", RankArgs,
+                    "groupwise: the rank of a wrapped pointwise reward within its prompt group, "
+                    "argsort(argsort(s)) / K"),
+    "temporal_consistency": Builtin("components.rewards.temporal:TemporalConsistency", NoArgs,
+                                    "videos only: 1 - the mean absolute change between consecutive frames (pixels "
+                                    "in [0, 1])"),
+}
 
 
 def check_names(specs: list[RewardSpec], where: str) -> None:

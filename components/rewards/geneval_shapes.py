@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 from scipy import ndimage
 
+from components.rewards.arguments import GenEvalShapesArgs
 from components.rewards.base import PointwiseReward
 from components.rewards.shape_scenes import BACKGROUND, COLOURS, SHAPES, parse_prompt
 
-MODES = ("partial", "strict")
 _WHITE = np.array(BACKGROUND, dtype=np.float64)
 _TOWARDS = np.array(list(COLOURS.values()), dtype=np.float64) - _WHITE  # white -> each colour
 _CANDIDATES = np.vstack([np.zeros(3), _TOWARDS])  # white and the colours, relative to white
@@ -132,14 +132,12 @@ def object_scores(wanted: Counter, found: Counter) -> tuple[float, float]:
 
 class GenEvalShapes(PointwiseReward):
     name = "geneval_shapes"
+    Args = GenEvalShapesArgs
 
-    def __init__(self, mode: str = "partial", min_area_fraction: float = 0.01) -> None:
-        if mode not in MODES:
-            raise ValueError(f"geneval_shapes: mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if not 0 <= min_area_fraction < 0.5:
-            raise ValueError(f"geneval_shapes: min_area_fraction must be in [0, 0.5), got {min_area_fraction}")
-        self.mode = mode
-        self.min_area_fraction = min_area_fraction
+    def __init__(self, args: GenEvalShapesArgs | None = None) -> None:
+        args = GenEvalShapesArgs() if args is None else args
+        self.mode = args.mode
+        self.min_area_fraction = args.min_area_fraction
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
         wanted = Counter({(g.colour, g.shape): g.count for g in parse_prompt(prompt)})

@@ -17,6 +17,7 @@ from PIL import Image
 from rapidocr import RapidOCR
 from rapidocr.utils.output import RapidOCROutput
 
+from components.rewards.arguments import OcrArgs
 from components.rewards.base import PointwiseReward
 from components.rewards.text_match import ocr_score, target_text
 
@@ -57,22 +58,15 @@ def _enlarge_small(image: np.ndarray) -> np.ndarray:
 
 class OcrReward(PointwiseReward):
     """``1 - edit_distance / len(target)`` between the text OCR reads in the image and the target
-    (the quoted text of the prompt, or ``metadata["ground_truth"]``).
-
-    Args:
-        min_confidence: text boxes recognised with a lower confidence (0-1) are ignored.
-        use_angle_cls: also run the 0/180 degree text-direction classifier (upstream FlowGRPO
-            leaves it off; generated text is rarely upside down).
+    (the quoted text of the prompt, or ``metadata["ground_truth"]``). Arguments: ``OcrArgs`` (generated text
+    is rarely upside down, so the direction classifier is off by default).
     """
 
     name = "ocr"
+    Args = OcrArgs
 
-    def __init__(self, min_confidence: float = 0.5, use_angle_cls: bool = False) -> None:
-        if isinstance(min_confidence, bool) or not isinstance(min_confidence, int | float) \
-                or not 0.0 <= min_confidence <= 1.0:
-            raise ValueError(f"ocr: min_confidence must be a number in [0, 1], got {min_confidence!r}")
-        if not isinstance(use_angle_cls, bool):
-            raise ValueError(f"ocr: use_angle_cls must be true or false, got {use_angle_cls!r}")
+    def __init__(self, args: OcrArgs | None = None) -> None:
+        args = OcrArgs() if args is None else args
         paths = {task: bundled_model_dir() / file for task, file in BUNDLED_MODELS.items()}
         missing = [str(p) for p in paths.values() if not p.is_file()]
         if missing:
@@ -80,8 +74,8 @@ class OcrReward(PointwiseReward):
                                     f"install the rapidocr version this reward was written for (3.10)")
         self._params: dict[str, Any] = {
             "Global.log_level": "error",  # rapidocr warns on every image without text
-            "Global.text_score": float(min_confidence),
-            "Global.use_cls": use_angle_cls,
+            "Global.text_score": args.min_confidence,
+            "Global.use_cls": args.use_angle_cls,
             "Det.limit_type": "max",
             "Det.limit_side_len": DET_MAX_SIDE,
             **{f"{task}.model_path": str(path) for task, path in paths.items()},

@@ -7,24 +7,24 @@ from typing import Any
 import numpy as np
 
 from components.rewards.base import GroupwiseReward, RewardOutput
-from components.rewards.config import RewardSpec
+from components.rewards.config import RankArgs
 from components.rewards.registry import RewardCache
 
 
 class Rank(GroupwiseReward):
     """``argsort(argsort(s)) / K`` over the group's valid scores (docs/ALGORITHM.md section 8).
 
-    ``reward`` is the wrapped reward's config, e.g. ``{name: jpeg_compressibility}``. Samples whose
+    ``args.reward`` is the wrapped reward's config, e.g. ``{name: jpeg_compressibility}``. Samples whose
     inner score failed stay failed and are not ranked.
     """
 
     name = "rank"
+    Args = RankArgs
 
-    def __init__(self, reward: dict[str, Any], cache: RewardCache) -> None:
-        spec = RewardSpec.model_validate(reward)
-        self.inner = cache.get(spec, "rank.reward")
+    def __init__(self, args: RankArgs, cache: RewardCache) -> None:
+        self.inner = cache.get(args.reward, "rank.reward")
         if self.inner.kind != "pointwise":
-            raise ValueError(f"rank wraps a pointwise reward; {spec.name!r} is {self.inner.kind}")
+            raise ValueError(f"rank wraps a pointwise reward; {args.reward.name!r} is {self.inner.kind}")
 
     def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
         inner = self.inner(images, prompts, metadata)

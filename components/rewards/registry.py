@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from components.config_base import format_validation_error
+from components.config_base import Section, format_validation_error, validation_problems
 from components.errors import RewardError
 from components.rewards.base import Reward
 from components.rewards.config import RewardSpec, import_target
@@ -57,22 +57,43 @@ class RewardCache:
 
 
 def check_spec(spec: RewardSpec, where: str = "rewards") -> type[Reward]:
-    """Resolve the class and check the arguments against its constructor, without building anything. A wrapper
-    (a constructor taking ``cache``, such as ``rank``) has the reward configs among its arguments (mappings with a
-    ``name``) checked the same way."""
+    """Resolve the class and check the arguments (``reward_args``), without building anything. The reward configs
+    a wrapper (such as ``rank``) holds among its arguments are checked the same way."""
     cls = reward_class(spec.name, where)
-    params = inspect.signature(cls).parameters
-    args = dict(spec.args)
-    if "cache" in params:
-        args["cache"] = None
-        for key, value in spec.args.items():
-            if isinstance(value, dict) and "name" in value:
-                check_spec(_inner_spec(value, f"{where}.args.{key}"), f"{where}.args.{key}")
+    for key, inner in _wrapped_specs(cls, reward_args(cls, spec, where), where):
+        check_spec(inner, f"{where}.args.{key}")
+    return cls
+
+
+def reward_args(cls: type[Reward], spec: RewardSpec, where: str = "rewards") -> Section | dict[str, Any]:
+    """What ``cls`` is built with: ``spec.args`` validated by its ``Args`` model, or (a reward without one) the
+    mapping itself, bound to its constructor's signature. RewardError naming each bad key's path otherwise."""
+    if cls.Args is not None:
+        try:
+            return cls.Args.model_validate(spec.args)
+        except ValidationError as exc:
+            raise RewardError(f"{validation_problems(exc, f'{where}.args')} (reward {spec.name!r})") from exc
+    extra = {"cache": None} if _takes_cache(cls) else {}
     try:
-        inspect.signature(cls).bind(**args)
+        inspect.signature(cls).bind(**spec.args, **extra)
     except TypeError as exc:
         raise RewardError(f"{where}.args: {exc} (reward {spec.name!r})") from exc
-    return cls
+    return dict(spec.args)
+
+
+def _takes_cache(cls: type[Reward]) -> bool:
+    return "cache" in inspect.signature(cls).parameters
+
+
+def _wrapped_specs(cls: type[Reward], args: Section | dict[str, Any], where: str) -> list[tuple[str, RewardSpec]]:
+    """The reward configs among a wrapper's arguments: the ``RewardSpec`` fields of its ``Args``, or (a wrapper
+    without ``Args``) the mappings with a ``name``."""
+    if not _takes_cache(cls):
+        return []
+    if isinstance(args, Section):
+        return [(key, value) for key, value in args if isinstance(value, RewardSpec)]
+    return [(key, _inner_spec(value, f"{where}.args.{key}")) for key, value in args.items()
+            if isinstance(value, dict) and "name" in value]
 
 
 def check_specs(specs: list[RewardSpec], where: str) -> None:
@@ -95,10 +116,9 @@ def build_reward(spec: RewardSpec, where: str = "rewards", cache: RewardCache | 
     cache, to build the rewards it wraps.
     """
     cls = check_spec(spec, where)
-    args = dict(spec.args)
-    if "cache" in inspect.signature(cls).parameters:
-        args["cache"] = cache or RewardCache()
+    args = reward_args(cls, spec, where)
+    extra = {"cache": cache or RewardCache()} if _takes_cache(cls) else {}
     try:
-        return cls(**args)
+        return cls(**args, **extra) if isinstance(args, dict) else cls(args, **extra)
     except (ValueError, TypeError, OSError) as exc:
         raise RewardError(f"{where}: reward {spec.name!r} cannot be built: {exc}") from exc

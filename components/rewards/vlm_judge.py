@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-import string
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,17 +22,15 @@ import httpx
 import numpy as np
 
 from components import environ
+from components.rewards.arguments import DEFAULT_MAX_TOKENS, VLMJudgeArgs
 from components.rewards.base import Reward, RewardOutput
 from components.rewards.codec import encode_png_b64
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.text_match import ocr_score, target_text
 
-MODES = ("yes_no", "score", "ocr")
 # vLLM's default --max-logprobs; asking for more is a 400 there.
 TOP_LOGPROBS = 20
-DEFAULT_MAX_TOKENS = {"score": 16, "ocr": 128}
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXCERPT = EXCERPT
 
 
@@ -121,28 +118,6 @@ def _first_choice(response: Any) -> tuple[dict[str, Any], str]:
         raise JudgeError(f"malformed chat-completions response {str(response)[:_EXCERPT]!r}") from exc
 
 
-def _check_template(question: str) -> None:
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(question) if name is not None}
-    except ValueError as exc:
-        raise ValueError(f"vlm_judge: question {question!r} is not a valid template: {exc}") from exc
-    if fields - {"prompt"}:
-        raise ValueError(f"vlm_judge: question may use only the {{prompt}} placeholder, found "
-                         f"{sorted(fields - {'prompt'})} (write literal braces as {{{{ and }}}})")
-
-
-def _int_at_least(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"vlm_judge: {name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"vlm_judge: {name} must be a finite number, got {value!r}")
-    return float(value)
-
-
 def _run(coro: Any) -> Any:
     """``asyncio.run`` the coroutine, in a helper thread when this thread already runs an event loop."""
     try:
@@ -154,74 +129,26 @@ def _run(coro: Any) -> Any:
 
 
 class VLMJudge(Reward):
-    """Scores images by asking a vision-language model behind an OpenAI-compatible chat endpoint.
-
-    Args:
-        base_url: the API root, e.g. ``http://127.0.0.1:8000/v1`` (``/chat/completions`` is appended).
-        model: the served model name.
-        mode: ``yes_no``, ``score`` or ``ocr``.
-        question: the question template; ``{prompt}`` is replaced by the sample's prompt. Defaults per mode.
-        score_min, score_max: the numeric scale of ``score`` mode, mapped to [0, 1].
-        max_tokens: reply length cap for ``score`` / ``ocr`` (``yes_no`` always reads one token).
-        api_key_env: the environment variable holding the API key, sent as a Bearer token when set; read at
-            each call, so the key is never in config nor in the (picklable) reward object.
-        max_concurrency: requests in flight at once per call.
-        timeout_s: limit for one request attempt, connect to last byte.
-        retries: extra attempts after HTTP 408/429/5xx, connection errors and timeouts.
-        backoff_s: the first retry's mean delay; doubles per retry, with +-50% jitter.
-    """
+    """Scores images by asking a vision-language model behind an OpenAI-compatible chat endpoint. Arguments:
+    ``VLMJudgeArgs``; the API key is read from ``api_key_env`` at each call, so it is never in config nor in the
+    (picklable) reward object."""
 
     name = "vlm_judge"
+    Args = VLMJudgeArgs
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        mode: str = "yes_no",
-        question: str | None = None,
-        score_min: float = 0.0,
-        score_max: float = 10.0,
-        max_tokens: int | None = None,
-        api_key_env: str = "VLM_JUDGE_API_KEY",
-        max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
-    ) -> None:
-        if not isinstance(base_url, str) or not re.match(r"https?://[^/\s]+", base_url):
-            raise ValueError(f"vlm_judge: base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, "
-                             f"got {base_url!r}")
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError(f"vlm_judge: model must be the served model name, got {model!r}")
-        if mode not in MODES:
-            raise ValueError(f"vlm_judge: mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if _finite("score_min", score_min) >= _finite("score_max", score_max):
-            raise ValueError(f"vlm_judge: score_min ({score_min}) must be below score_max ({score_max})")
-        if question is None:
-            question = default_question(mode, score_min, score_max)
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"vlm_judge: question must be a non-empty string, got {question!r}")
-        _check_template(question)
-        if mode == "yes_no" and max_tokens not in (None, 1):
-            raise ValueError(f"vlm_judge: yes_no mode reads the first token only; max_tokens must be unset, "
-                             f"got {max_tokens!r}")
-        if not isinstance(api_key_env, str) or not _ENV_NAME.fullmatch(api_key_env):
-            raise ValueError(f"vlm_judge: api_key_env must name an environment variable (the key itself never "
-                             f"goes in config), got {api_key_env!r}")
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.mode = mode
-        self.question = question
-        self.score_min, self.score_max = float(score_min), float(score_max)
-        self.max_tokens = 1 if mode == "yes_no" else _int_at_least(
-            "max_tokens", DEFAULT_MAX_TOKENS[mode] if max_tokens is None else max_tokens)
-        self.api_key_env = api_key_env
-        self.max_concurrency = _int_at_least("max_concurrency", max_concurrency)
-        self.retries = _int_at_least("retries", retries, minimum=0)
-        self.timeout_s, self.backoff_s = _finite("timeout_s", timeout_s), _finite("backoff_s", backoff_s)
-        if self.timeout_s <= 0 or self.backoff_s < 0:
-            raise ValueError(f"vlm_judge: timeout_s must be > 0 and backoff_s >= 0, got {timeout_s!r} and "
-                             f"{backoff_s!r}")
+    def __init__(self, args: VLMJudgeArgs) -> None:
+        self.base_url = args.base_url.rstrip("/")
+        self.model = args.model
+        self.mode = args.mode
+        self.question = default_question(args.mode, args.score_min, args.score_max) if args.question is None \
+            else args.question
+        self.score_min, self.score_max = args.score_min, args.score_max
+        self.max_tokens = 1 if args.mode == "yes_no" else (
+            DEFAULT_MAX_TOKENS[args.mode] if args.max_tokens is None else args.max_tokens)
+        self.api_key_env = args.api_key_env
+        self.max_concurrency = args.max_concurrency
+        self.retries = args.retries
+        self.timeout_s, self.backoff_s = args.timeout_s, args.backoff_s
 
     def request_body(self, image: np.ndarray, prompt: str) -> dict[str, Any]:
         """The chat-completions request sent for one sample."""

@@ -11,11 +11,13 @@ from PIL import Image
 from safetensors.torch import save_file
 from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
-from components.errors import RewardError
+from components.errors import ConfigError, RewardError
 from components.models.tiny_tokenizers import clip_tokenizer, clip_vocab_size
+from components.rewards.arguments import AestheticArgs, ClipArgs
 from components.rewards.clip_models import AestheticScore, ClipScore, PickScore
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward
+from components.trainer.config import TrainingJobConfig
 
 PROJECTION_DIM = 16
 PROMPTS = ["a red cube", "a cat wearing a very small hat", "a red cube"]  # a repeated prompt, as in a group
@@ -99,7 +101,7 @@ def test_clip_score_is_the_cosine_of_the_embeddings(clip_dir, reference):
 def test_pickscore_is_the_scaled_cosine(clip_dir, reference):
     images = _images()
     img, txt = reference[0](images, PROMPTS)
-    scores = PickScore(model_path=str(clip_dir), device="cpu")(images, PROMPTS, [{}] * 3).scores
+    scores = PickScore(ClipArgs(model_path=str(clip_dir), device="cpu"))(images, PROMPTS, [{}] * 3).scores
     np.testing.assert_allclose(scores, reference[1] * (img * txt).sum(-1).numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -113,14 +115,15 @@ def test_aesthetic_is_the_mlp_on_the_normalised_image_embedding(clip_dir, head, 
     x = reference[0](images, PROMPTS)[0]
     for index in LINEARS:  # no activations between the layers, and Dropout is off in eval
         x = x @ state[f"layers.{index}.weight"].T + state[f"layers.{index}.bias"]
-    reward = AestheticScore(model_path=str(clip_dir), head_path=str(path))
+    reward = AestheticScore(AestheticArgs(model_path=str(clip_dir), head_path=str(path)))
     assert not reward.head.training
     scores = reward(images, ["ignored"] * 3, [{}] * 3).scores
     np.testing.assert_allclose(scores, x.squeeze(-1).numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_each_score_depends_only_on_its_own_image(clip_dir, head):
-    rewards = [ClipScore(model_path=str(clip_dir)), AestheticScore(model_path=str(clip_dir), head_path=str(head[0]))]
+    rewards = [ClipScore(ClipArgs(model_path=str(clip_dir))),
+               AestheticScore(AestheticArgs(model_path=str(clip_dir), head_path=str(head[0])))]
     images = _images()
     changed = images.copy()
     changed[1] = _images(1, seed=7)[0]
@@ -133,8 +136,8 @@ def test_each_score_depends_only_on_its_own_image(clip_dir, head):
 def test_micro_batches_and_a_separate_processor_give_the_same_scores(clip_dir):
     images = _images(5)
     prompts = [*PROMPTS, "a dog", "a red cube"]
-    whole = ClipScore(model_path=str(clip_dir))(images, prompts, [{}] * 5).scores
-    split = ClipScore(model_path=str(clip_dir), processor_path=str(clip_dir), max_batch_size=2)
+    whole = ClipScore(ClipArgs(model_path=str(clip_dir)))(images, prompts, [{}] * 5).scores
+    split = ClipScore(ClipArgs(model_path=str(clip_dir), processor_path=str(clip_dir), max_batch_size=2))
     np.testing.assert_allclose(split(images, prompts, [{}] * 5).scores, whole, atol=1e-6)
 
 
@@ -155,8 +158,13 @@ def test_missing_model_paths_are_clear_errors(name, tmp_path, head):
 
 
 def test_bad_arguments_are_clear_errors(clip_dir, tmp_path):
-    assert "model_path" in _build_error("clip_score")  # required
-    assert "max_batch_size" in _build_error("clip_score", model_path=str(clip_dir), max_batch_size=0)
+    # Types and bounds are refused when the config loads, by key path; what only the files can tell, when built.
+    for args, message in [({}, "model_path: Field required"),
+                          ({"model_path": str(clip_dir), "max_batch_size": 0},
+                           "max_batch_size: Input should be greater than or equal to 1 (got 0)")]:
+        with pytest.raises(ConfigError) as info:
+            TrainingJobConfig.from_sections({"rewards": [{"name": "clip_score", "args": args}]}, "test")
+        assert f"rewards.0.args.{message}" in str(info.value)
     assert "device" in _build_error("clip_score", model_path=str(clip_dir), device="tpu")
     wrong_size = tmp_path / "head.safetensors"
     save_file({"layers.0.weight": torch.zeros(1024, 8)}, wrong_size)

@@ -126,10 +126,11 @@ def test_an_unknown_reward_fails_with_the_log_and_leaves_no_process(state_dir):
 
 
 def test_a_reward_that_fails_to_load_fails_fast(state_dir):
-    overrides = ["rewards=[{name: vlm_judge, args: {base_url: not-a-url, model: judge}}]"]
+    # Its arguments are valid (the config loads); the model they name is missing, which only loading tells.
+    overrides = ["rewards=[{name: clip_score, args: {model_path: /no/such/clip}}]"]
     lines: list[str] = []
     with pytest.raises(LaunchError) as info:
         start_local(load_config(TINY_CONFIG, overrides), name="rs-e", state_dir=state_dir, timeout_s=60,
                     log=lines.append)
-    assert "could not load its rewards" in str(info.value) and "base_url must be an http(s) URL" in str(info.value)
+    assert "could not load its rewards" in str(info.value) and "/no/such/clip does not exist" in str(info.value)
     assert _gone(int(re.search(r"\(pid (\d+)", lines[0]).group(1)))

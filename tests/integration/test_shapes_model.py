@@ -15,6 +15,7 @@ from components.models import shapes_pretrain as sp
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.models.shapes_sd3 import TEXT_LENGTH, WEIGHTS, build_architecture, load_shapes_sd3
+from components.rewards.arguments import GenEvalShapesArgs
 from components.rewards.geneval_shapes import GenEvalShapes
 from components.rewards.shape_scenes import VOCABULARY, parse_prompt
 
@@ -59,8 +60,8 @@ def test_the_shipped_model_draws_the_shapes_it_is_asked_for_imperfectly():
         images = pipe(prompt=prompts * 2, num_inference_steps=20, guidance_scale=1.0, height=48, width=48,
                       generator=torch.Generator().manual_seed(0), output_type="np", max_sequence_length=16).images
         images = (images * 255).round().astype(np.uint8)
-        partial = GenEvalShapes(mode="partial")(images, prompts * 2, [{}] * len(images)).scores
-        strict = GenEvalShapes(mode="strict")(images, prompts * 2, [{}] * len(images)).scores
+        partial = GenEvalShapes(GenEvalShapesArgs(mode="partial"))(images, prompts * 2, [{}] * len(images)).scores
+        strict = GenEvalShapes(GenEvalShapesArgs(mode="strict"))(images, prompts * 2, [{}] * len(images)).scores
         return float(partial.mean()), float(strict.mean())
 
     partial, strict = scores(model.pipeline)

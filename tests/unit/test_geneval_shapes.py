@@ -7,6 +7,8 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
+from components.errors import ConfigError
+from components.rewards.arguments import GenEvalShapesArgs
 from components.rewards.config import RewardSpec
 from components.rewards.geneval_shapes import GenEvalShapes, detect_objects
 from components.rewards.registry import build_reward
@@ -20,6 +22,7 @@ from components.rewards.shape_scenes import (
     prompt_text,
     random_groups,
 )
+from components.trainer.config import TrainingJobConfig
 
 
 def _found(image: np.ndarray, **kwargs) -> Counter:
@@ -102,8 +105,8 @@ def test_what_is_no_object_of_the_world():
 
 
 def _scores(image: np.ndarray, prompt: str) -> tuple[float, float]:
-    partial = GenEvalShapes(mode="partial")(image[None], [prompt], [{}])
-    strict = GenEvalShapes(mode="strict")(image[None], [prompt], [{}])
+    partial = GenEvalShapes(GenEvalShapesArgs(mode="partial"))(image[None], [prompt], [{}])
+    strict = GenEvalShapes(GenEvalShapesArgs(mode="strict"))(image[None], [prompt], [{}])
     assert partial.errors == strict.errors == [None]
     return float(partial.scores[0]), float(strict.scores[0])
 
@@ -139,8 +142,9 @@ def test_a_prompt_outside_the_grammar_fails_that_sample_only_and_names_it():
 
 
 def test_mode_and_input_are_checked():
-    with pytest.raises(ValueError, match="mode must be one of partial, strict, got 'loose'"):
-        GenEvalShapes(mode="loose")
+    loose = r"rewards\.0\.args\.mode: Input should be 'partial' or 'strict' \(got 'loose'\)"
+    with pytest.raises(ConfigError, match=loose):
+        TrainingJobConfig.from_sections({"rewards": [{"name": "geneval_shapes", "args": {"mode": "loose"}}]}, "test")
     with pytest.raises(ValueError, match="RGB"):
         detect_objects(np.zeros((48, 48), np.uint8))
     out = GenEvalShapes()(np.zeros((1, 48, 48, 4), np.uint8), ["a red circle"], [{}])

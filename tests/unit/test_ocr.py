@@ -7,12 +7,14 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 from rapidocr import RapidOCR
 
-from components.errors import RewardError
+from components.errors import ConfigError
 from components.rewards import ocr
+from components.rewards.arguments import OcrArgs
 from components.rewards.config import RewardSpec
 from components.rewards.ocr import OcrReward
 from components.rewards.registry import build_reward
 from components.rewards.text_match import ocr_score
+from components.trainer.config import TrainingJobConfig
 
 BLANK = np.full((128, 512, 3), 255, dtype=np.uint8)
 
@@ -105,14 +107,21 @@ def test_nothing_is_downloaded(monkeypatch, hello):
 
     monkeypatch.setattr("rapidocr.utils.download_file.DownloadFile.run", refuse)
     monkeypatch.setattr("requests.get", refuse)
-    assert OcrReward(use_angle_cls=True).score(hello, '"Hello World"', {}) == 1.0
+    assert OcrReward(OcrArgs(use_angle_cls=True)).score(hello, '"Hello World"', {}) == 1.0
 
 
-@pytest.mark.parametrize("args", [{"min_confidence": 1.5}, {"min_confidence": "high"}, {"use_angle_cls": "yes"}])
-def test_bad_arguments_are_rejected(args):
-    with pytest.raises(RewardError, match="ocr"):
-        build_reward(RewardSpec(name="ocr", args=args))
+@pytest.mark.parametrize(("args", "message"), [
+    ({"min_confidence": 1.5}, "min_confidence: Input should be less than or equal to 1 (got 1.5)"),
+    ({"min_confidence": "high"}, "min_confidence: Input should be a valid number (got 'high')"),
+    ({"use_angle_cls": "yes"}, "use_angle_cls: Input should be a valid boolean (got 'yes')"),
+])
+def test_bad_arguments_are_refused_when_the_config_loads(args, message):
+    with pytest.raises(ConfigError) as info:
+        TrainingJobConfig.from_sections({"rewards": [{"name": "ocr", "args": args}]}, "test")
+    assert f"rewards.0.args.{message}" in str(info.value)
 
 
 def test_built_by_name():
-    assert isinstance(build_reward(RewardSpec(name="ocr", args={"min_confidence": 0.3})), OcrReward)
+    reward = build_reward(RewardSpec(name="ocr", args={"min_confidence": 0.3, "use_angle_cls": True}))
+    assert isinstance(reward, OcrReward)
+    assert (reward._params["Global.text_score"], reward._params["Global.use_cls"]) == (0.3, True)

@@ -61,8 +61,14 @@ def test_one_failing_sample_does_not_fail_the_batch():
 def test_registry_errors_name_the_key():
     with pytest.raises(RewardError, match=r"rewards\.0\.name: unknown reward 'shiny'.*brightness"):
         build_reward(RewardSpec(name="shiny"), where="rewards.0")
-    with pytest.raises(RewardError, match=r"rewards\.0\.args: .*'quality'"):
-        build_reward(RewardSpec(name="brightness", args={"quality": 3}), where="rewards.0")
+    # A custom reward's arguments are checked where its class is imported: by its constructor's signature...
+    with pytest.raises(RewardError, match=r"^rewards\.0\.args: .*'quality' \(reward 'reward_fixtures:Hang'\)$"):
+        build_reward(RewardSpec(name="reward_fixtures:Hang", args={"quality": 3}), where="rewards.0")
+    # ... or by its Args model, each key by its path (a built-in named by its import path has one)
+    with pytest.raises(RewardError, match=r"^rewards\.0\.args\.min_confidence: Input should be less than or equal "
+                                          r"to 1 \(got 2\) \(reward 'components\.rewards\.ocr:OcrReward'\)$"):
+        build_reward(RewardSpec(name="components.rewards.ocr:OcrReward", args={"min_confidence": 2}),
+                     where="rewards.0")
 
 
 def test_reward_set_scores_and_combines_with_weights():

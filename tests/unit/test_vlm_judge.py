@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from components.errors import RewardError
+from components.errors import ConfigError
+from components.rewards.arguments import VLMJudgeArgs
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward
 from components.rewards.text_match import ocr_score
 from components.rewards.vlm_judge import VLMJudge
+from components.trainer.config import TrainingJobConfig
 
 # A handler gets (request number from 1, request body) and returns (status, JSON-able body or text, delay s).
 Handler = Callable[[int, dict[str, Any]], tuple[int, Any, float]]
@@ -108,7 +110,7 @@ def images(n: int, seed: int = 0) -> np.ndarray:
 
 
 def judge(server: FakeOpenAI, **args: Any) -> VLMJudge:
-    return VLMJudge(base_url=server.base_url, model="judge", **{"backoff_s": 0.01, **args})
+    return VLMJudge(VLMJudgeArgs(base_url=server.base_url, model="judge", **{"backoff_s": 0.01, **args}))
 
 
 def sigmoid_of(yes_probs: list[float], no_probs: list[float]) -> float:
@@ -251,7 +253,7 @@ def test_connection_refused_is_retried_then_recorded():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    out = VLMJudge(base_url=f"http://127.0.0.1:{port}/v1", model="m", retries=1, backoff_s=0.01)(
+    out = VLMJudge(VLMJudgeArgs(base_url=f"http://127.0.0.1:{port}/v1", model="m", retries=1, backoff_s=0.01))(
         images(2), ["a", "b"], [{}, {}])
     assert all("gave up after 2 attempts" in e and "ConnectError" in e for e in out.errors)
 
@@ -297,15 +299,16 @@ def test_no_api_key_sends_no_authorization(server, monkeypatch):
         ({"base_url": "127.0.0.1:8000/v1"}, "base_url"),
         ({"base_url": "ftp://host/v1"}, "base_url"),
         ({"model": ""}, "model"),
-        ({"mode": "likert"}, "mode must be one of"),
+        ({"mode": "likert"}, "mode: Input should be 'yes_no', 'score' or 'ocr'"),
         ({"question": "Rate {prompt} on {scale}"}, "only the {prompt} placeholder"),
         ({"question": "unbalanced {prompt"}, "not a valid template"),
-        ({"question": "  "}, "question"),
-        ({"mode": "score", "score_min": 5, "score_max": 5}, "score_min"),
-        ({"mode": "score", "score_max": float("inf")}, "score_max"),
+        ({"question": "  "}, "question: must not be empty"),
+        ({"mode": "score", "score_min": 5, "score_max": 5}, "score_min (5) must be below score_max (5)"),
+        ({"mode": "score", "score_max": float("inf")}, "score_max: Input should be a finite number"),
         ({"max_tokens": 5}, "yes_no mode reads the first token"),
         ({"mode": "ocr", "max_tokens": 0}, "max_tokens"),
         ({"api_key_env": "sk-abc123 literal"}, "api_key_env"),
+        ({"api_key": "sk-literal"}, "api_key: unknown key"),
         ({"max_concurrency": 0}, "max_concurrency"),
         ({"max_concurrency": True}, "max_concurrency"),
         ({"timeout_s": 0}, "timeout_s"),
@@ -314,19 +317,15 @@ def test_no_api_key_sends_no_authorization(server, monkeypatch):
         ({"backoff_s": -0.1}, "backoff_s"),
     ],
 )
-def test_bad_arguments_are_rejected(args, message):
-    with pytest.raises(ValueError, match="vlm_judge") as info:
-        VLMJudge(**{"base_url": "http://127.0.0.1:8000/v1", "model": "judge", **args})
-    assert message in str(info.value)
+def test_bad_arguments_are_refused_when_the_config_loads(args, message):
+    spec = {"name": "vlm_judge", "args": {"base_url": "http://127.0.0.1:8000/v1", "model": "judge", **args}}
+    with pytest.raises(ConfigError, match=r"^invalid config test: rewards\.0\.args[.:]") as info:
+        TrainingJobConfig.from_sections({"rewards": [spec]}, "test")
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_built_from_config_by_the_registry():
-    reward = build_reward(RewardSpec(name="vlm_judge", args={"base_url": "http://127.0.0.1:1/v1", "model": "m",
+    reward = build_reward(RewardSpec(name="vlm_judge", args={"base_url": "http://127.0.0.1:1/v1/", "model": "m",
                                                               "mode": "ocr"}))
-    assert isinstance(reward, VLMJudge) and reward.mode == "ocr"
-    with pytest.raises(RewardError, match="mode must be one of"):
-        build_reward(RewardSpec(name="vlm_judge", args={"base_url": "http://127.0.0.1:1/v1", "model": "m",
-                                                         "mode": "nope"}))
-    with pytest.raises(RewardError, match="api_key"):
-        build_reward(RewardSpec(name="vlm_judge", args={"base_url": "http://127.0.0.1:1/v1", "model": "m",
-                                                         "api_key": "sk-literal"}))
+    assert isinstance(reward, VLMJudge) and (reward.mode, reward.max_tokens) == ("ocr", 128)
+    assert reward.base_url == "http://127.0.0.1:1/v1" and reward.question.startswith("Transcribe")

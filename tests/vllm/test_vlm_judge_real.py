@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from tiny_qwen2vl import NO_TOKEN, REPLY, YES_TOKEN
 
+from components.rewards.arguments import VLMJudgeArgs
 from components.rewards.text_match import ocr_score, target_text
 from components.rewards.vlm_judge import VLMJudge
 
@@ -25,7 +26,8 @@ def images(n: int) -> np.ndarray:
 
 
 def judge(server, **args) -> VLMJudge:
-    return VLMJudge(base_url=server.base_url, model=server.model, timeout_s=120, max_concurrency=2, **args)
+    return VLMJudge(VLMJudgeArgs(base_url=server.base_url, model=server.model, timeout_s=120, max_concurrency=2,
+                                 **args))
 
 
 def test_server_lists_the_tiny_model(vllm_server):
@@ -93,6 +95,6 @@ def test_ocr_mode_scores_the_transcription_with_the_ocr_formula(vllm_server):
 
 
 def test_unknown_model_fails_each_sample_without_retrying(vllm_server):
-    reward = VLMJudge(base_url=vllm_server.base_url, model="no-such-model", timeout_s=60, retries=3)
+    reward = VLMJudge(VLMJudgeArgs(base_url=vllm_server.base_url, model="no-such-model", timeout_s=60, retries=3))
     out = reward(images(2), PROMPTS[:2], [{}] * 2)
     assert all(e is not None and "HTTP 404" in e and "gave up" not in e for e in out.errors), out.errors
