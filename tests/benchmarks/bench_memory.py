@@ -19,8 +19,9 @@
    width with 2 layers) at each recipe's per-worker batches, torch.cuda.max_memory_allocated per phase, for the
    recipe's own setting (``--all-settings``: checkpointing x offload), beside the estimate.
 
-Pipelines are built in memory (tests/benchmarks/real_shapes.py) and handed to the trainer where it would read
-`model.path`; everything after that is the trainer's own code.
+Pipelines are built in memory (tests/benchmarks/real_shapes.py) and handed to the trainer instead of the one
+`model.path` names (``Trainer(pipeline=...)``); each phase is measured through the trainer's ``phase_scope``, and
+everything else is the trainer's own code.
 """
 
 from __future__ import annotations
