@@ -5,12 +5,16 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from components.errors import ModelLoadError
 from components.models.base import TEXT_ENCODERS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
 
 __all__ = ["FlowMatchingModel", "PromptEmbeddings", "load_model", "resolve_device"]
 
@@ -90,12 +94,19 @@ def _pipeline_class(root: Path, path: str) -> str:
     return class_name
 
 
-def load_model(config: ModelConfig, seed: int, *, on_device: bool = True) -> FlowMatchingModel:
+def load_model(config: ModelConfig, seed: int, *, on_device: bool = True,
+               pipeline: DiffusionPipeline | None = None) -> FlowMatchingModel:
     """The adapter for ``config.kind``, every module in eval mode and frozen, on its device (with ``on_device``
-    false the pipeline stays in host memory: the trainer places each part itself, see ``Trainer``)."""
+    false the pipeline stays in host memory: the trainer places each part itself, see ``Trainer``). ``pipeline``:
+    one the caller built (a benchmark's real-shape pipeline, in memory), taken instead of ``config.path``'s."""
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
-    if config.kind in TINY:
+    if pipeline is not None:
+        if type(pipeline).__name__ not in PIPELINES:
+            raise ModelLoadError(f"the pipeline handed in is a {type(pipeline).__name__}; supported pipelines: "
+                                 f"{', '.join(PIPELINES)}")
+        pipe = pipeline
+    elif config.kind in TINY:
         pipe = _attr(TINY[config.kind])(config.resolution, seed)
         if dtype != torch.float32:
             pipe.to(dtype=dtype)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -47,6 +49,9 @@ from components.trainer.run_output import (
 from components.trainer.samples import animated, sample_grid
 from components.trainer.sharding import shard_transformer
 
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
 
 @dataclass
 class TrainResult:
@@ -69,6 +74,16 @@ class TrainResult:
 
 # logged every epoch, always finite: the step the MLflow run holds last
 TRACKED_STEP_KEY = "optimizer_step"
+
+
+# A scope the caller wraps around each phase of an epoch, by its name ("encoding" the epoch's prompts, "sampling"
+# the rollout, the wait for "scoring", "training"): a profiler's range, a memory probe (bench_memory.py). It
+# observes; what the epoch computes is the same with any scope.
+PhaseScope = Callable[[str], AbstractContextManager[None]]
+
+
+def _no_scope(_phase: str) -> AbstractContextManager[None]:
+    return nullcontext()
 
 
 def _silent(_: str) -> None:
@@ -200,20 +215,24 @@ class Trainer:
 
     def __init__(self, config: TrainingJobConfig, output: RunOutput | str | Path,
                  log: Callable[[str], None] = status_line, tracker: NullTracker | None = None,
-                 collective: Collective | None = None, rows: list[PromptRow] | None = None) -> None:
-        """``rows``: the prompts of ``config.data`` when the caller has loaded them already."""
+                 collective: Collective | None = None, rows: list[PromptRow] | None = None,
+                 phase_scope: PhaseScope = _no_scope, pipeline: DiffusionPipeline | None = None) -> None:
+        """``rows``: the prompts of ``config.data`` when the caller has loaded them already; ``phase_scope``: wrapped
+        around each phase of every epoch (``PhaseScope``); ``pipeline``: one the caller built (in memory), trained
+        instead of the one ``config.model`` names."""
         self.collective = collective or Collective()
         check_world_size(config, self.collective.world_size)
         self.config = config
         self.output = output if isinstance(output, RunOutput) else RunOutput(output)
         self.output.prepare(fresh=False)
         self.log = log
+        self.phase_scope = phase_scope
         self.tracker = tracker or NullTracker()
         self.rows = load_prompt_rows(config.data) if rows is None else rows
         self.showcase = self._showcase_rows()
         self._showcase_embeds: PromptEmbeddings | None = None
         self.scorer = build_scorer(config)
-        self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False)
+        self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False, pipeline=pipeline)
         try:  # a `diffusers` kind's family is known only now; reject its meaningless settings before training
             check_guidance(config, self.model.guidance_mode, type(self.model.pipeline).__name__)
         except ValueError as exc:
@@ -325,10 +344,14 @@ class Trainer:
         prompt_texts = [r.prompt for r in mine]
         # a batch whose scoring failed for good (the reward server gone past its retry window) stops sampling
         with self.algorithm.sampling_weights():
-            rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
-                                     on_batch=score_batch, embeds=self.prompts(prompt_texts), check=scoring.check)
+            with self.phase_scope("encoding"):
+                embeds = self.prompts(prompt_texts)
+            with self.phase_scope("sampling"):
+                rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
+                                         on_batch=score_batch, embeds=embeds, check=scoring.check)
         t1 = time.perf_counter()
-        outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
+        with self.phase_scope("scoring"):
+            outputs = scoring.finish()  # scoring overlapped sampling; this is the wait after the last batch
         t2 = time.perf_counter()
         parts = world.all_gather(outputs)
         outputs = {key: concat_outputs([part[key] for part in parts]) for key in outputs}
@@ -337,10 +360,11 @@ class Trainer:
         group_ids = torch.arange(len(prompts)).repeat_interleave(group_size)
         advantages = rollout_advantages(cfg, self.scorer.weights, outputs, combined, group_ids)
         local = slice(world.rank * len(rollout), (world.rank + 1) * len(rollout))
-        update_metrics, self.optimizer_step = self.algorithm.update(
-            self.optimizer, rollout, advantages[local], sampler, cpu_gen, self.ema, self.optimizer_step,
-            average_grads=world.average_ if world.world_size > 1 else None,
-        )
+        with self.phase_scope("training"):
+            update_metrics, self.optimizer_step = self.algorithm.update(
+                self.optimizer, rollout, advantages[local], sampler, cpu_gen, self.ema, self.optimizer_step,
+                average_grads=world.average_ if world.world_size > 1 else None,
+            )
         t3 = time.perf_counter()
 
         self.epoch += 1

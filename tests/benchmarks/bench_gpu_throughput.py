@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_memory, real_shapes (tests/ is no package)
 
 import torch
-from bench_memory import _pipeline_builder  # its import sets the offline, no-MLflow environment
+from bench_memory import real_shape_pipeline  # its import sets the offline, no-MLflow environment
 
 from components.flowgrpo.rollout import plan_steps
 from components.models.base import FlowMatchingModel, PromptEmbeddings
@@ -235,8 +235,7 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, al
     ``compare``, the comparisons."""
     from torch._dynamo.utils import counters
 
-    from components.models import loading as model_loading
-    from components.trainer import loop
+    from components.trainer.loop import Trainer
 
     config = workload(cpu, compile_, uncond_grad, algorithm)
     if cpu:
@@ -244,10 +243,9 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, al
         # then waits a scheduler tick per op (measured here: 12 ms for a 32-wide linear with 2 threads, 0.1 ms
         # with 1)
         torch.set_num_threads(1)
-    else:
-        model_loading._load_diffusers = _pipeline_builder("sd35-medium", cpu=False)
+    pipeline = None if cpu else real_shape_pipeline("sd35-medium", config, cpu=False)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = loop.Trainer(config, Path(tmp) / "run", log=lambda _m: None)
+        trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline)
         device = trainer.model.device
         start = _clock(device)
         trainer.run_epoch()

@@ -19,8 +19,9 @@
    width with 2 layers) at each recipe's per-worker batches, torch.cuda.max_memory_allocated per phase, for the
    recipe's own setting (``--all-settings``: checkpointing x offload), beside the estimate.
 
-Pipelines are built in memory (tests/benchmarks/real_shapes.py) and handed to the trainer where it would read
-`model.path`; everything after that is the trainer's own code.
+Pipelines are built in memory (tests/benchmarks/real_shapes.py) and handed to the trainer instead of the one
+`model.path` names (``Trainer(pipeline=...)``); each phase is measured through the trainer's ``phase_scope``, and
+everything else is the trainer's own code.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -233,46 +234,34 @@ def _epoch_overrides(config: ExperimentConfig, *, cpu: bool, ckpt: bool, offload
     return overrides
 
 
-def _pipeline_builder(family: str, *, cpu: bool) -> Callable[..., Any]:
-    """What the trainer gets instead of reading `model.path`: the real-shape pipeline, built in memory."""
+def real_shape_pipeline(family: str, config: ExperimentConfig, *, cpu: bool) -> Any:
+    """What the trainer gets instead of reading `model.path`: the real-shape pipeline, built in host memory."""
     import real_shapes
 
-    builder = real_shapes.BUILDERS[family]
     kwargs: dict[str, Any] = {"text_layers": CPU_TEXT_LAYERS if cpu else 2}
     if cpu:
         kwargs["transformer_layers"] = CPU_SIZES["transformer_layers"]
         if family != "qwen-image":
             kwargs["max_sequence_length"] = CPU_T5_LENGTH
-
-    def load(_path: str, dtype: torch.dtype):
-        return builder(device="cpu", dtype=dtype, **kwargs)
-
-    return load
+    return real_shapes.BUILDERS[family](device="cpu", dtype=getattr(torch, config.model.dtype), **kwargs)
 
 
 def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str, float]:
-    """One worker's epoch of the family's recipe through the trainer; peak memory of each phase."""
+    """One worker's epoch of the family's recipe through the trainer; peak memory of each of its phases
+    (``<phase>_above_start_mib`` on a CPU, ``<phase>_peak_gib`` on a GPU; phases: see ``loop.PhaseScope``)."""
     import tempfile
 
-    from components.models import loading as model_loading
-    from components.trainer import loop
+    from components.trainer.loop import Trainer
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
     config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))
     probe = RssProbe() if cpu else CudaProbe()
     figures: dict[str, float] = {}
-    model_loading._load_diffusers = _pipeline_builder(family, cpu=cpu)
-    for name, key in (("sample_rollout", "sampling"), ("policy_update", "training")):
-        original = getattr(loop, name)
-
-        def measured(*args: Any, _original: Callable[..., Any] = original, _key: str = key, **kwargs: Any) -> Any:
-            with probe.phase(figures, _key):
-                return _original(*args, **kwargs)
-
-        setattr(loop, name, measured)
+    pipeline = real_shape_pipeline(family, config, cpu=cpu)
     with tempfile.TemporaryDirectory() as tmp:
-        with probe.phase(figures, "start"):  # load, encode (offload), place the model
-            trainer = loop.Trainer(config, Path(tmp) / "run", log=lambda _m: None)
+        with probe.phase(figures, "start"):  # encode (offload), place the model
+            trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline,
+                              phase_scope=lambda phase: probe.phase(figures, phase))
         trainer.run_epoch()
     # the text lengths the run used, for the estimate of the same shape
     figures["text_tokens"] = trainer.prompts(config.data.prompts[:1]).tensors["prompt_embeds"].shape[1]

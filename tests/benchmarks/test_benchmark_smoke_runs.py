@@ -15,6 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 NUM = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+POSITIVE = r"(?:\d*[1-9]\d*(?:\.\d+)?|\d*\.\d*[1-9]\d*)"  # a measured amount: above 0 as printed
 BREAKDOWN = (rf"{NUM} s a sampling batch: transformer {NUM} s, VAE decode {NUM} s, prompt encoding {NUM} s, "
              rf"the rest {NUM} s")
 
@@ -52,11 +53,14 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
         rf"train\.cfg_uncond_grad false / true \(compile off\): training images/s x{NUM}",
         *(rf"compile {setting}: {BREAKDOWN}" for setting in ("off", "on")),
     ]),
-    "bench_memory.py": (["--depth", "2", "--cpu-families", ""], [
+    "bench_memory.py": (["--depth", "2", "--cpu-families", "sd35-medium"], [
         *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "sd35-large-ocr", "flux1-dev-pickscore",
                                                         "qwenimage-ocr", "flux2-klein-pickscore",
                                                         "zimage-pickscore", "wan21-t2v-1.3b-pickscore")),
         rf"(?m)^\* ckpt (?:on|off)\s+offload (?:on|off)\s+(?:none|fsdp)\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+fits",
+        # the measured leg: the trainer's epoch, its training phase's peak RSS with checkpointing off and on
+        rf"(?m)^\s+sd35-medium\s+training: checkpointing off\s+{POSITIVE} \(estimated\s+{POSITIVE}\), "
+        rf"on\s+{POSITIVE} \(estimated\s+{POSITIVE}\); on / off = {POSITIVE} measured, {POSITIVE} estimated$",
     ]),
     "bench_algorithms.py": (["--throughput", "--epochs", "1"], [
         pattern for algorithm in ("flow_grpo", "grpo_guard", "diffusion_nft")

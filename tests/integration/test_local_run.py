@@ -217,6 +217,25 @@ def _readme_snippet() -> str:
     return found.group(1)
 
 
+def test_bench_demo_learning_reads_the_run_back_and_prints_its_table(first_run, capsys):
+    """tests/benchmarks/bench_demo_learning.py on the run its `run_seed` would start (the same `run --local`): its
+    reading and its table, so the benchmark cannot rot with what a run leaves. Before the tests that start more
+    runs in this work directory (the benchmark reads the one run there)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_demo_learning
+
+    workdir, done = first_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = bench_demo_learning.read_run(0, workdir, wall=90.0)
+    assert [row["epoch"] for row in result["history"]] == [1, 2, 3]
+    bench_demo_learning.report([result])
+    out = capsys.readouterr().out
+    assert re.search(r"(?m)^\| 0 \| 1\.5 min \| .+ \| (?:promote|hold) \|$", out), out
+    (eval_json,) = workdir.glob("runs/*/eval/eval.json")
+    for key, reward in json.loads(eval_json.read_text())["rewards"].items():
+        assert f"{key}: mean delta over 1 seed(s) {reward['delta']:+.3f};" in out
+
+
 def test_the_readme_snippet_generates_with_the_lora_a_run_printed(first_run, tmp_path, monkeypatch):
     """The quickstart's snippet, run as written with its LoRA path set to the run's: a 48 x 48 RGB image from the
     base demo pipeline plus the LoRA, the very image the evaluation's generation makes with the demo config's

@@ -1,5 +1,6 @@
 """The single-process trainer: determinism, checkpoints, resume, LoRA export, KL."""
 
+import contextlib
 import json
 
 import numpy as np
@@ -8,7 +9,9 @@ import torch
 from metric_rows import TIMING_KEYS, without_timing
 from safetensors.torch import load_file
 
-from components.errors import CheckpointError
+from components.errors import CheckpointError, ModelLoadError
+from components.models.config import ModelConfig
+from components.models.loading import load_model
 from components.models.tiny_sd3 import build_tiny_sd3
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer, _fingerprint
@@ -57,6 +60,39 @@ def test_metrics_file_and_checkpoints_are_written(small_config, tmp_path):
     assert (tmp_path / "checkpoints" / "epoch-000001" / ckpt.STATE_FILE).is_file()
     assert not (tmp_path / ".staging" / "epoch-000001").exists()  # the scratch copy is gone once published
     assert (result.lora_dir / ckpt.LORA_FILE).is_file()
+
+
+def test_the_phase_scope_wraps_each_phase_and_a_handed_in_pipeline_trains_as_the_configured_one(small_config,
+                                                                                                  tmp_path):
+    config = small_config("train.epochs=1")
+    seen: list[tuple[str, str, list[torch.Tensor]]] = []
+
+    @contextlib.contextmanager
+    def record(phase: str):
+        seen.append((phase, "enter", [p.detach().clone() for p in scoped.params]))
+        yield
+        seen.append((phase, "exit", [p.detach().clone() for p in scoped.params]))
+
+    pipeline = build_tiny_sd3(config.model.resolution, config.seed)
+    scoped = Trainer(config, tmp_path / "scoped", log=_quiet, phase_scope=record, pipeline=pipeline)
+    plain = Trainer(config, tmp_path / "plain", log=_quiet)
+    assert scoped.model.pipeline is pipeline
+    rows = [scoped.run_epoch(), plain.run_epoch()]
+
+    phases = ["encoding", "sampling", "scoring", "training"]
+    assert [(phase, event) for phase, event, _ in seen] == [(p, e) for p in phases for e in ("enter", "exit")]
+    moved = {phase: not all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+             for (phase, _, before), (_, _, after) in zip(seen[::2], seen[1::2], strict=True)}
+    assert moved == {"encoding": False, "sampling": False, "scoring": False, "training": True}
+    # the scope only observes, and the handed-in pipeline is the configured one: the same epoch, the same LoRA
+    assert without_timing(rows[:1]) == without_timing(rows[1:])
+    for a, b in zip(scoped.params, plain.params, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_handed_in_pipeline_of_no_supported_family_is_refused():
+    with pytest.raises(ModelLoadError, match="the pipeline handed in is a StableDiffusionPipeline"):
+        load_model(ModelConfig(), 0, pipeline=type("StableDiffusionPipeline", (), {})())
 
 
 @pytest.mark.parametrize("guard", [False, True])
