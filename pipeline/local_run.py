@@ -384,7 +384,8 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
         with local_services(workdir, mlflow_port=mlflow_port, log=log) as service_env, patched_environ({
             **service_env, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1",
             "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
-            "RAY_TMPDIR": str(ray_tmp), LEASE_OWNER_ENV: str(ProcessRef.of(os.getpid())),  # the reward server's
+            "RAY_TMPDIR": str(ray_tmp),
+            LEASE_OWNER_ENV: str(ProcessRef.of(os.getpid())),  # the deploy step leases the reward server to this run
         }):
             tempfile.tempdir = str(scratch)
             if mlflow_port is None:
