@@ -111,19 +111,35 @@ def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
 
 
 def _group_left(leader: ProcessRef) -> bool:
-    """Whether anything of the process group that ``leader`` started still runs. While any member does, the kernel
-    gives no new process the group's number, so a group without its leader is still the leader's."""
+    """Whether anything of the process group that ``leader`` started still runs (zombies do not). While any member
+    does, the kernel gives no new process the group's number, so a group without its leader is still the
+    leader's."""
     if leader.alive():
         return True
     if started_at(leader.pid) not in {None, leader.start}:
         return False  # the pid is another process's now: the group, led by it, is not the recorded one
-    try:
+    members = group_members(leader.pid)
+    if members is not None:
+        return bool(members)
+    try:  # no /proc (macOS): a group of zombies only counts as running
         os.killpg(leader.pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
     return True
+
+
+def group_members(pgid: int) -> set[int] | None:
+    """The pids of process group ``pgid`` that run (zombies do not); None without /proc."""
+    if not Path("/proc").is_dir():
+        return None
+    members = set()
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields and fields[2] == str(pgid) and fields[0] not in {"Z", "X"}:  # state, ppid, process group, ...
+            members.add(int(entry.name))
+    return members
 
 
 def port_is_free(port: int) -> bool:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-from components.launch.process import ProcessRef, stop_group
+from components.launch.process import ProcessRef, group_members, stop_group
 
 POLL_S = 0.5  # how often the owner is looked at: how late, at most, its services start stopping
 
@@ -23,25 +23,33 @@ def _status(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode  # killed by signal N: the shell's 128 + N
 
 
+def _others_run(service: subprocess.Popen) -> bool:
+    """Whether anything of the group but this tether runs: the service, or a process it started (MLflow's server
+    runs uvicorn in a child)."""
+    members = group_members(os.getpid())
+    return service.poll() is None if members is None else bool(members - {os.getpid()})
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         print("usage: python -m components.launch.tether PID:START -- COMMAND...", file=sys.stderr)
+        return 2
+    if os.getpgrp() != os.getpid():
+        print("tether: must lead its process group (start it with process.start_detached)", file=sys.stderr)
         return 2
     owner = ProcessRef.parse(argv[0])
     # A SIGTERM to the group is for the service; the tether waits for it to stop. A handler, not SIG_IGN, which the
     # service would inherit.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
     service = subprocess.Popen(argv[2:])
-    while True:
+    while owner.alive():
         try:
             return _status(service.wait(timeout=POLL_S))
         except subprocess.TimeoutExpired:
             pass
-        if not owner.alive():
-            print(f"tether: pid {owner.pid} is gone; stopping {argv[2]} (pid {service.pid})", file=sys.stderr,
-                  flush=True)
-            stop_group(os.getpgrp(), lambda: service.poll() is None)  # SIGKILL, if it comes to it, ends us too
-            return _status(service.wait())
+    print(f"tether: pid {owner.pid} is gone; stopping {argv[2]} (pid {service.pid})", file=sys.stderr, flush=True)
+    stop_group(os.getpid(), lambda: _others_run(service))  # SIGKILL, if it comes to that, ends this tether too
+    return _status(service.wait())
 
 
 if __name__ == "__main__":
