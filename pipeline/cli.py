@@ -116,16 +116,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "a Kubeflow Pipelines endpoint")
     if args.ray_workers < 0:
         raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
-    config = load_config(args.config, args.overrides)
-    if args.ray_workers:
-        from components.trainer.loop import check_world_size
+    from pipeline.local_run import RUN_COMMAND, owning_workdir, run_local
 
-        check_world_size(config, args.ray_workers)
-    quiet_libraries()
-    from pipeline.local_run import run_local
+    # first of all: a second run in the work directory is refused before it reads the config or imports the trainer
+    with owning_workdir(args.workdir, RUN_COMMAND) as workdir:
+        config = load_config(args.config, args.overrides)
+        if args.ray_workers:
+            from components.trainer.loop import check_world_size
 
-    status_line(f"local run of {args.config} in {args.workdir}")
-    result = run_local(config, workdir=args.workdir, ray_workers=args.ray_workers, ui_port=args.ui_port)
+            check_world_size(config, args.ray_workers)
+        quiet_libraries()
+        status_line(f"local run of {args.config} in {args.workdir}")
+        result = run_local(config, workdir=workdir, ray_workers=args.ray_workers, ui_port=args.ui_port)
     took = sum(result.step_seconds.values())
     port = f" --port {args.ui_port}" if args.ui_port != DEFAULT_UI_PORT else ""
     ui = f"flowgrpo ui --workdir {args.workdir}{port}"

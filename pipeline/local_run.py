@@ -10,6 +10,7 @@ state lives under the work directory, so a second run reuses the cached dataset 
     WORKDIR/mlflow/        mlflow.db and the server's log
     WORKDIR/pipeline-root/ kfp.local task outputs (the report HTML), WORKDIR/kfp-cache/ its cache
     WORKDIR/reward-servers/ the reward server's record and log while it runs
+    WORKDIR/services/      a record per service running (its pid and the run's, see ``owning_workdir``)
     WORKDIR/logs/<run>.log everything every step printed
     WORKDIR/instance.lock  held by the one `run --local` or `ui` using the work directory (pid, command)
     WORKDIR/runs/<run id>/ what a person looks at: lora/, samples/, eval/ (report.html), metrics.jsonl,
@@ -38,11 +39,12 @@ from pathlib import Path
 from components import environ
 from components.console import status_line
 from components.errors import FlowGRPOError
-from components.launch.process import port_is_free
+from components.launch.process import LEASES_DIR, Lease, ProcessRef, port_is_free, reap_leases
 from pipeline.config import ExperimentConfig, dump_config
-from pipeline.single_instance import holding_workdir, stopping_on_signals
+from pipeline.single_instance import holding_workdir, is_held_here, stopping_on_signals
 
 BUCKET = "flowgrpo"
+RUN_COMMAND = "flowgrpo run --local"
 STORAGE_ROOT = f"s3://{BUCKET}"
 DEFAULT_UI_PORT = 5000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -188,16 +190,35 @@ def _credentials(workdir: Path) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
+def owning_workdir(workdir: Path, command: str, log=status_line) -> Iterator[Path]:
+    """Hold ``workdir`` for this process (``holding_workdir``: WorkdirBusy, one line, when another instance holds
+    it), stop signals unwinding the block like Ctrl-C, and first stop what an instance killed outright left running
+    there (its leased services, see ``local_services``). Yields the resolved path. `flowgrpo run --local` takes it
+    before anything else (reading the config, importing the trainer), so a second run is refused at once."""
+    workdir = workdir.resolve()
+    with holding_workdir(workdir, command), stopping_on_signals():
+        reap_leases(workdir / LEASES_DIR, log)
+        yield workdir
+
+
+def _lease(workdir: Path, service: str) -> Lease:
+    """Ties ``service`` to this process: it stops when this process is gone, however it ends."""
+    return Lease(ProcessRef.of(os.getpid()), workdir / LEASES_DIR / f"{service}.json")
+
+
+@contextlib.contextmanager
 def local_services(workdir: Path, mlflow_port: int | None = None, log=status_line) -> Iterator[dict[str, str]]:
     """SeaweedFS and an MLflow server over the work directory's state; yields the environment that points a
-    client at them. Both are stopped on exit."""
+    client at them. Both are stopped on exit, and leased to this process (stopped when it is gone however it
+    ends)."""
     from pipeline.services.mlflow_server import running_mlflow
     from pipeline.services.seaweed import running_seaweed
 
     workdir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
-    with running_seaweed(workdir / "s3", bucket=BUCKET, credentials=_credentials(workdir)) as s3, \
-            running_mlflow(workdir / "mlflow", s3=s3, port=mlflow_port) as mlflow:
+    with running_seaweed(workdir / "s3", bucket=BUCKET, credentials=_credentials(workdir),
+                         lease=_lease(workdir, "seaweedfs")) as s3, \
+            running_mlflow(workdir / "mlflow", s3=s3, port=mlflow_port, lease=_lease(workdir, "mlflow")) as mlflow:
         log(f"services: S3 (SeaweedFS) at {s3.endpoint}, MLflow at {mlflow.url} "
             f"({time.monotonic() - began:.0f} s to start)")
         yield {**s3.env(), **mlflow.env()}
@@ -336,15 +357,13 @@ def copy_results(lora_uri: str, runs_dir: Path) -> Path:
 
 def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, ui_port: int = DEFAULT_UI_PORT,
               log=status_line) -> LocalRunResult:
-    """Run the pipeline on this machine (see the module docstring); raises LocalRunError naming the failed
-    step, WorkdirBusy when another instance uses ``workdir``. Nothing it started outlives it, also when it is
-    stopped by Ctrl-C, SIGTERM or SIGHUP."""
-    workdir = workdir.resolve()
-    with holding_workdir(workdir, "flowgrpo run --local"), stopping_on_signals():
-        return _run_local(config, workdir, ray_workers, ui_port, log)
-
-
-def _run_local(config: ExperimentConfig, workdir: Path, ray_workers: int, ui_port: int, log) -> LocalRunResult:
+    """Run the pipeline on this machine (see the module docstring) in ``workdir``, which this process owns
+    (``owning_workdir(workdir, RUN_COMMAND)``); raises LocalRunError naming the failed step. Nothing it started
+    outlives it, also when it is stopped by Ctrl-C, SIGTERM or SIGHUP, or killed outright (its services are leased
+    to it)."""
+    if not is_held_here(workdir):
+        raise LocalRunError(f"{workdir} is not held by this process: run inside owning_workdir({str(workdir)!r}, "
+                            "RUN_COMMAND), which refuses a work directory another instance uses")
     from kfp import local
 
     from components.launch import LOCAL_PREFIX
@@ -366,6 +385,8 @@ def _run_local(config: ExperimentConfig, workdir: Path, ray_workers: int, ui_por
             **service_env, "TMPDIR": str(scratch), **environ.entry_settings(),
             "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
             "RAY_TMPDIR": str(ray_tmp),
+            # the deploy step leases the reward server to this run
+            environ.FLOWGRPO_LEASE_OWNER.name: str(ProcessRef.of(os.getpid())),
         }):
             tempfile.tempdir = str(scratch)
             if mlflow_port is None:
@@ -420,8 +441,7 @@ def serve_ui(workdir: Path, port: int = DEFAULT_UI_PORT, log=status_line) -> Non
     if not (workdir / "mlflow" / "mlflow.db").is_file():
         raise LocalRunError(f"{workdir} holds no local run (no mlflow/mlflow.db); run `flowgrpo run --local "
                             f"--workdir {workdir}` first")
-    with holding_workdir(workdir, "flowgrpo ui"), stopping_on_signals(), \
-            local_services(workdir, mlflow_port=port, log=log) as env:
+    with owning_workdir(workdir, "flowgrpo ui", log), local_services(workdir, mlflow_port=port, log=log) as env:
         log(f"MLflow UI: {newest_experiment_url(env['MLFLOW_TRACKING_URI'])} (Ctrl-C stops it)")
         with contextlib.suppress(KeyboardInterrupt):  # SIGTERM, SIGHUP too: a clean stop, not an error
             while True:

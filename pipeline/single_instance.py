@@ -53,6 +53,21 @@ def holding_workdir(workdir: Path, command: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def is_held_here(workdir: Path) -> bool:
+    """Whether this process holds ``workdir`` (``holding_workdir``)."""
+    try:
+        fd = os.open(workdir / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd).get("pid") == os.getpid()
+    finally:
+        os.close(fd)
+    return False  # nobody held it (closing the descriptor released the lock just taken)
+
+
 @contextlib.contextmanager
 def stopping_on_signals() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGHUP (a closed terminal) unwind it like Ctrl-C does (``stopped_by``),

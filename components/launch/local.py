@@ -23,7 +23,16 @@ from components import environ
 from components.console import status_line
 from components.errors import LaunchError
 from components.launch.kubernetes.reward_server import DeployableConfig, reward_server_name
-from components.launch.process import free_ports, is_running, log_tail, start_detached, stop_group
+from components.launch.process import (
+    LEASES_DIR,
+    Lease,
+    ProcessRef,
+    free_ports,
+    is_running,
+    log_tail,
+    start_detached,
+    stop_group,
+)
 from components.reward_server.settings import settings_yaml
 
 Log = Callable[[str], None]
@@ -43,6 +52,17 @@ def _read(state_dir: Path, name: str) -> dict[str, Any] | None:
         return json.loads((_folder(state_dir) / f"{name}.json").read_text())
     except FileNotFoundError:
         return None
+
+
+def _lease(state_dir: Path, name: str) -> Lease | None:
+    """The lease of a server started by a step of a local run (``FLOWGRPO_LEASE_OWNER``): it stops when the run is
+    gone."""
+    owner = environ.FLOWGRPO_LEASE_OWNER.get()
+    return Lease(ProcessRef.parse(owner), _lease_record(state_dir, name)) if owner else None
+
+
+def _lease_record(state_dir: Path, name: str) -> Path:
+    return Path(state_dir) / LEASES_DIR / f"reward-server-{name}.json"
 
 
 def _alive(record: dict[str, Any]) -> bool:
@@ -69,7 +89,9 @@ def start_local(config: DeployableConfig, *, name: str, state_dir: Path, timeout
     """Start ``python -m components.reward_server`` for the training rewards on a free 127.0.0.1 port, wait for
     /readyz and return its URL. A server of that name already running with the same settings is reused; one with
     other settings is replaced. On failure (exit, load error, ``timeout_s``, default
-    ``reward_deploy.ready_timeout_s``) the process is stopped and ``LaunchError`` carries the end of its log."""
+    ``reward_deploy.ready_timeout_s``) the process is stopped and ``LaunchError`` carries the end of its log. Started
+    by a step of a local run, the server is leased to the run (``FLOWGRPO_LEASE_OWNER``): it stops when the run is
+    gone."""
     folder = _folder(state_dir)
     folder.mkdir(parents=True, exist_ok=True)
     deploy = config.reward_deploy
@@ -87,7 +109,7 @@ def start_local(config: DeployableConfig, *, name: str, state_dir: Path, timeout
     url = f"http://127.0.0.1:{port}"
     proc = start_detached([sys.executable, "-m", "components.reward_server", "--config", str(settings),
                            "--host", "127.0.0.1", "--port", str(port)],
-                          log_path=log_path, env=os.environ | environ.entry_settings())
+                          log_path=log_path, env=os.environ | environ.entry_settings(), lease=_lease(state_dir, name))
     record = {"pid": proc.pid, "url": url, "log": str(log_path), "config": str(settings), "settings_sha256": digest}
     (folder / f"{name}.json").write_text(json.dumps(record, indent=2))
     log(f"reward server {name} starting at {url} (pid {proc.pid}, log {log_path})")
@@ -119,6 +141,7 @@ def stop_local(name: str, state_dir: Path, log: Log = status_line) -> None:
     if not stop_group(pid, lambda: _alive(record)):
         raise LaunchError(f"reward server {name} (pid {pid}) survived SIGKILL; stop it by hand")
     (_folder(state_dir) / f"{name}.json").unlink(missing_ok=True)
+    _lease_record(state_dir, name).unlink(missing_ok=True)
     log(f"reward server {name} (pid {pid}) {'stopped' if running else 'was not running'}")
 
 

@@ -4,11 +4,17 @@ everything it starts), readiness waits, and stopping a whole process group, SIGT
 Two lifetimes: ``running_process`` holds a service for the duration of a ``with`` block (SeaweedFS, the MLflow
 server); ``start_detached`` starts one that outlives its caller (a local run's reward server, started by one
 pipeline step and stopped by another) and is found again by its pid and command line.
+
+Either can be leased to an owner (a local run): it then runs under a tether (``components.launch.tether``) that
+stops it once the owner is gone, also when the owner was killed outright (SIGKILL, out of memory) and no
+``finally`` of its ran, and it is recorded so that the next owner of the work directory stops it should the
+tether have been killed too (``reap_leases``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -17,16 +23,122 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import FlowGRPOError
 
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20
+# How a local run leases its services: its ProcessRef in the environment of the steps it runs (the reward server is
+# started by one), the lease records in STATE_DIR/LEASES_DIR.
+LEASES_DIR = "services"
 
 
 class ServiceError(FlowGRPOError):
     """A local service that did not start (the message carries the end of its log)."""
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process by its pid and start time: a pid alone may have been reused by another process since."""
+
+    pid: int
+    start: int | None  # clock ticks after boot (/proc/PID/stat); None without /proc (macOS): the pid is all there is
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessRef:
+        return cls(pid, started_at(pid))
+
+    @classmethod
+    def parse(cls, text: str) -> ProcessRef:
+        """The inverse of ``str``: ``PID:START``, START empty when unknown."""
+        pid, _, start = text.partition(":")
+        return cls(int(pid), int(start) if start else None)
+
+    def __str__(self) -> str:
+        return f"{self.pid}:{'' if self.start is None else self.start}"
+
+    def alive(self) -> bool:
+        """Whether this very process still runs (a zombie does not)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # another user's: it exists
+        return _state(self.pid) not in {"Z", "X"} and started_at(self.pid) == self.start
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ties a service to its ``owner``: the service runs under a tether that stops its process group once the owner
+    is gone, and ``record`` (a JSON file) names both until the service is stopped, for ``reap_leases``."""
+
+    owner: ProcessRef
+    record: Path
+
+    def tethered(self, args: list[str]) -> list[str]:
+        return [sys.executable, "-m", "components.launch.tether", str(self.owner), "--", *args]
+
+    def write(self, pid: int) -> None:
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        self.record.write_text(json.dumps({"service": str(ProcessRef.of(pid)), "owner": str(self.owner)}))
+
+    def release(self) -> None:
+        self.record.unlink(missing_ok=True)
+
+
+def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
+    """Stop the process group of every service recorded in ``folder`` whose owner is gone (left running by an owner
+    killed outright, its tether killed too), and forget the records of services already gone. For the next owner
+    of a work directory, before it starts anything."""
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+            service, owner = ProcessRef.parse(record["service"]), ProcessRef.parse(record["owner"])
+        except (OSError, ValueError, KeyError):
+            path.unlink(missing_ok=True)  # half written by an owner killed while writing it
+            continue
+        if owner.alive():
+            continue
+        if _group_left(service):
+            log(f"stopping {path.stem} (process group {service.pid}), left running by pid {owner.pid}, which is gone")
+            if not stop_group(service.pid, lambda s=service: _group_left(s)):
+                raise ServiceError(f"{path.stem} (process group {service.pid}) survived SIGKILL; stop it by hand")
+        path.unlink(missing_ok=True)
+
+
+def _group_left(leader: ProcessRef) -> bool:
+    """Whether anything of the process group that ``leader`` started still runs (zombies do not). While any member
+    does, the kernel gives no new process the group's number, so a group without its leader is still the
+    leader's."""
+    if leader.alive():
+        return True
+    if started_at(leader.pid) not in {None, leader.start}:
+        return False  # the pid is another process's now: the group, led by it, is not the recorded one
+    members = group_members(leader.pid)
+    if members is not None:
+        return bool(members)
+    try:  # no /proc (macOS): a group of zombies only counts as running
+        os.killpg(leader.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def group_members(pgid: int) -> set[int] | None:
+    """The pids of process group ``pgid`` that run (zombies do not); None without /proc."""
+    if not Path("/proc").is_dir():
+        return None
+    members = set()
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields and fields[2] == str(pgid) and fields[0] not in {"Z", "X"}:  # state, ppid, process group, ...
+            members.add(int(entry.name))
+    return members
 
 
 def port_is_free(port: int) -> bool:
@@ -91,14 +203,15 @@ def stop_group(pid: int, alive: Callable[[], bool], grace_s: float = STOP_GRACE_
 
 @contextlib.contextmanager
 def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path: Path, what: str,
-                    ready: Callable[[], bool], timeout_s: float, port: int | None = None
+                    ready: Callable[[], bool], timeout_s: float, port: int | None = None, lease: Lease | None = None
                     ) -> Iterator[subprocess.Popen]:
     """Start ``args`` with its output in ``log_path``, wait until ``ready()``, yield it, then stop its whole process
     group (also when it died on its own). ServiceError with the log's tail when it exits or is not ready in time.
 
     ``port``: ready also needs the process (or a child) listening there. Another server already on that port
-    answers the same health check, and this one, failing to bind, would be taken for it."""
-    proc = start_detached(args, log_path=log_path, env=env, cwd=cwd)
+    answers the same health check, and this one, failing to bind, would be taken for it. ``lease``: see
+    ``start_detached``; released once the group is stopped."""
+    proc = start_detached(args, log_path=log_path, env=env, cwd=cwd, lease=lease)
     try:
         deadline = time.monotonic() + timeout_s
         while not (ready() and (port is None or listens_on(proc.pid, port))):
@@ -113,6 +226,8 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
         # Sweep whatever of its group outlived the leader (or a leader that died on its own).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if lease is not None:
+            lease.release()
 
 
 def listens_on(pid: int, port: int) -> bool:
@@ -131,15 +246,21 @@ def listens_on(pid: int, port: int) -> bool:
     return False
 
 
-def start_detached(args: list[str], *, log_path: Path, env: dict[str, str], cwd: Path | None = None
-                   ) -> subprocess.Popen:
+def start_detached(args: list[str], *, log_path: Path, env: dict[str, str], cwd: Path | None = None,
+                   lease: Lease | None = None) -> subprocess.Popen:
     """Start ``args`` with its output in ``log_path``, in a session of its own: stopping its group reaches every
     process it starts, the caller's Ctrl-C does not, and it may outlive the caller (find it again with
     ``is_running(pid, marker)``). No inherited pipes: a runner reading the caller's stdout to its end would
-    otherwise wait for it too."""
+    otherwise wait for it too.
+
+    With a ``lease`` the process started is the tether, leading the group with ``args`` in it (its command line
+    holds ``args``, its exit status is theirs), and the lease's record is written."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(lease.tethered(args) if lease else args, cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    if lease is not None:
+        lease.write(proc.pid)
+    return proc
 
 
 def is_running(pid: int, marker: str) -> bool:
@@ -163,10 +284,22 @@ def is_running(pid: int, marker: str) -> bool:
     return marker in cmdline.decode(errors="replace").split("\0")
 
 
-def _state(pid: int) -> str | None:
-    """The scheduler state letter of ``pid`` (R, S, D, Z, ...) from /proc; None when it is gone."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (the state first); None when it is gone or no /proc."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2]  # after "pid (comm) ": the command name may hold spaces and parentheses
+    return stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": the name may hold spaces and parentheses
+
+
+def _state(pid: int) -> str | None:
+    """The scheduler state letter of ``pid`` (R, S, D, Z, ...) from /proc; None when it is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else None
+
+
+def started_at(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (proc(5): stat field 22); None when it is gone or no /proc."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else None

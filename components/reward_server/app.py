@@ -15,10 +15,11 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -157,108 +158,131 @@ def _finite_or_none(scores: np.ndarray) -> list[float | None]:
     return [float(s) if np.isfinite(s) else None for s in scores]
 
 
+def _service(request: Request) -> RewardService:
+    return request.app.state.service
+
+
+# Each route takes its app's service through this dependency (one app per settings; tests run several in a process).
+# The routes call ``service.ready()`` themselves, after FastAPI has validated the body: an invalid request is a 422
+# whether or not the rewards have loaded.
+Service = Annotated[RewardService, Depends(_service)]
+router = APIRouter()
+# the scoring routes read, parse, decode and score within the gate's limits (``app.state.gate``): memory bounded by
+# the settings, not by the traffic
+scoring = APIRouter(route_class=GatedRoute)
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    service: RewardService = app.state.service
+    threading.Thread(target=service.load, name="reward-loader", daemon=True).start()
+    yield
+    if service.rewards is not None:
+        service.rewards.close()
+
+
+async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    response = await call_next(request)
+    route = request.scope.get("route")
+    _service(request).requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+    return response
+
+
+def _error(request: Request, status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    if request.url.path == COMPUTE_PATH:
+        return JSONResponse({"error": detail if isinstance(detail, str) else json.dumps(detail)}, status, headers)
+    return JSONResponse({"detail": detail}, status, headers)
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    return _error(request, exc.status_code, exc.detail, exc.headers)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    messages = ["{}: {}".format(".".join(str(p) for p in e["loc"]), e["msg"].removeprefix("Value error, "))
+                for e in exc.errors()]
+    return _error(request, 422, "; ".join(messages))
+
+
+@router.get("/healthz", summary="the process is up")
+@router.get("/health", summary="the process is up (Flow-Factory's name)")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="rewards are loaded", responses={503: {"description": "still loading or failed"}})
+async def readyz(service: Service) -> dict[str, Any]:
+    service.ready()
+    return {"ready": True}
+
+
+@router.get("/v1/rewards", response_model=RewardsResponse, responses={503: {"description": "not ready"}})
+async def list_rewards(service: Service) -> RewardsResponse:
+    rewards = service.ready()
+    return RewardsResponse(rewards=[
+        RewardInfo(key=k, name=rewards.specs[k].name, kind=r.kind, weight=rewards.weights[k])
+        for k, r in rewards.rewards.items()
+    ])
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def metrics(service: Service) -> Response:
+    return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@scoring.post("/v1/score", response_model=ScoreResponse,
+              responses={400: {"description": "unknown reward"}, 408: {"description": "body too slow"},
+                         413: {"description": "over a limit"}, 422: {"description": "invalid request or image"},
+                         503: {"description": "not ready, or request bodies at their bound"}})
+async def score(request: ScoreRequest, service: Service) -> ScoreResponse:
+    start = time.perf_counter()
+    rewards = service.ready()
+    keys = request.rewards if request.rewards is not None else list(rewards.weights)
+    unknown = [k for k in keys if k not in rewards.rewards]
+    if unknown:
+        raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
+                                 f"served: {', '.join(rewards.weights)}")
+    images = await run_in_threadpool(service.decode, request.images, request.pixels)
+    n = len(images)
+    metadata = request.metadata or [{} for _ in range(n)]
+    group_ids = request.group_ids or [0] * n
+    outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
+    return ScoreResponse(
+        results={k: RewardResult(scores=_finite_or_none(o.scores), errors=o.errors, extra=o.extra)
+                 for k, o in outputs.items()},
+        seconds=time.perf_counter() - start,
+    )
+
+
+@scoring.post(COMPUTE_PATH, summary="Flow-Factory remote reward: the weighted sum of every served reward",
+              responses={408: {"description": "body too slow"}, 413: {"description": "over a limit"},
+                         422: {"description": "invalid request"}, 500: {"description": "a reward failed"},
+                         503: {"description": "not ready, or request bodies at their bound"}})
+async def compute(request: ComputeRequest, service: Service) -> dict[str, Any]:
+    rewards = service.ready()
+    prompts, images_b64 = request.prompt_list(), request.image_list()
+    if len(prompts) != len(images_b64):
+        raise HTTPException(422, f"prompt has {len(prompts)} items but image has {len(images_b64)}")
+    images = await run_in_threadpool(service.decode, images_b64)  # checks the count first
+    # one mapping for every sample (rewards only read metadata): a copy each would cost images x its size
+    metadata = [request.kwargs or request.extra or {}] * len(prompts)
+    outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
+    for key, out in outputs.items():
+        if out.failed:
+            i = next(j for j, e in enumerate(out.errors) if e is not None)
+            return JSONResponse({"error": f"reward {key!r} failed on sample {i}: {out.errors[i]}"}, 500)
+    return {"rewards": [float(s) for s in combine(outputs, rewards.weights)]}
+
+
 def create_app(settings: ServerSettings) -> FastAPI:
-    service = RewardService(settings)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: FastAPI):
-        threading.Thread(target=service.load, name="reward-loader", daemon=True).start()
-        yield
-        if service.rewards is not None:
-            service.rewards.close()
-
+    """The reward service over ``settings``: its state in ``app.state`` (the service, the request gate), the
+    routes above."""
     app = FastAPI(title="FlowGRPO reward server", version="1", lifespan=lifespan)
-    app.state.service = service
-    # the scoring routes read, parse, decode and score within the gate's limits: memory bounded by the settings,
-    # not by the traffic
+    app.state.service = RewardService(settings)
     app.state.gate = RequestGate(settings.limits)
-    scoring = APIRouter(route_class=GatedRoute)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        response = await call_next(request)
-        route = request.scope.get("route")
-        service.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
-        return response
-
-    def _error(request: Request, status: int, detail: Any, headers: dict[str, str] | None = None) -> JSONResponse:
-        if request.url.path == COMPUTE_PATH:
-            return JSONResponse({"error": detail if isinstance(detail, str) else json.dumps(detail)}, status, headers)
-        return JSONResponse({"detail": detail}, status, headers)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return _error(request, exc.status_code, exc.detail, exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        messages = ["{}: {}".format(".".join(str(p) for p in e["loc"]), e["msg"].removeprefix("Value error, "))
-                    for e in exc.errors()]
-        return _error(request, 422, "; ".join(messages))
-
-    @app.get("/healthz", summary="the process is up")
-    @app.get("/health", summary="the process is up (Flow-Factory's name)")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz", summary="rewards are loaded", responses={503: {"description": "still loading or failed"}})
-    async def readyz() -> dict[str, Any]:
-        service.ready()
-        return {"ready": True}
-
-    @app.get("/v1/rewards", response_model=RewardsResponse, responses={503: {"description": "not ready"}})
-    async def list_rewards() -> RewardsResponse:
-        rewards = service.ready()
-        return RewardsResponse(rewards=[
-            RewardInfo(key=k, name=rewards.specs[k].name, kind=r.kind, weight=rewards.weights[k])
-            for k, r in rewards.rewards.items()
-        ])
-
-    @scoring.post("/v1/score", response_model=ScoreResponse,
-                  responses={400: {"description": "unknown reward"}, 408: {"description": "body too slow"},
-                             413: {"description": "over a limit"}, 422: {"description": "invalid request or image"},
-                             503: {"description": "not ready, or request bodies at their bound"}})
-    async def score(request: ScoreRequest) -> ScoreResponse:
-        start = time.perf_counter()
-        rewards = service.ready()
-        keys = request.rewards if request.rewards is not None else list(rewards.weights)
-        unknown = [k for k in keys if k not in rewards.rewards]
-        if unknown:
-            raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
-                                     f"served: {', '.join(rewards.weights)}")
-        images = await run_in_threadpool(service.decode, request.images, request.pixels)
-        n = len(images)
-        metadata = request.metadata or [{} for _ in range(n)]
-        group_ids = request.group_ids or [0] * n
-        outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
-        return ScoreResponse(
-            results={k: RewardResult(scores=_finite_or_none(o.scores), errors=o.errors, extra=o.extra)
-                     for k, o in outputs.items()},
-            seconds=time.perf_counter() - start,
-        )
-
-    @scoring.post(COMPUTE_PATH, summary="Flow-Factory remote reward: the weighted sum of every served reward",
-                  responses={408: {"description": "body too slow"}, 413: {"description": "over a limit"},
-                             422: {"description": "invalid request"}, 500: {"description": "a reward failed"},
-                             503: {"description": "not ready, or request bodies at their bound"}})
-    async def compute(request: ComputeRequest) -> dict[str, Any]:
-        rewards = service.ready()
-        prompts, images_b64 = request.prompt_list(), request.image_list()
-        if len(prompts) != len(images_b64):
-            raise HTTPException(422, f"prompt has {len(prompts)} items but image has {len(images_b64)}")
-        images = await run_in_threadpool(service.decode, images_b64)  # checks the count first
-        # one mapping for every sample (rewards only read metadata): a copy each would cost images x its size
-        metadata = [request.kwargs or request.extra or {}] * len(prompts)
-        outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
-        for key, out in outputs.items():
-            if out.failed:
-                i = next(j for j, e in enumerate(out.errors) if e is not None)
-                return JSONResponse({"error": f"reward {key!r} failed on sample {i}: {out.errors[i]}"}, 500)
-        return {"rewards": [float(s) for s in combine(outputs, rewards.weights)]}
-
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_LATEST)
-
+    app.middleware("http")(count_requests)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.include_router(router)
     app.include_router(scoring)
     return app

@@ -40,9 +40,10 @@ class RequestGate:
         self.held = 0  # bytes of request bodies in memory; only the event loop's thread changes it
 
     async def read_body(self, request: Request) -> bytearray:
-        """The whole body, or an HTTPException: 413 over max_body_bytes, 408 (closing the connection) slower than
-        the minimum rate, 503 while the bodies held would pass their bound. Counted in ``held`` until
-        ``release``; on an exception it is released here."""
+        """The whole body, or an HTTPException: 413 over max_body_bytes, 408 slower than the minimum rate, 503
+        while the bodies held would pass their bound. Each of these answers before the body is whole, so it closes
+        the connection (``CLOSE``): kept open, the server would read the rest of the body, however long, to reach
+        the next request. Counted in ``held`` until ``release``; on an exception it is released here."""
         limits = self.limits
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limits.max_body_bytes:
@@ -67,7 +68,8 @@ class RequestGate:
                     raise _too_large(limits.max_body_bytes)
                 if self.held + len(chunk) > self.max_held:
                     raise HTTPException(503, f"the server holds {self.held} bytes of request bodies, near its bound "
-                                             f"of {self.max_held}; retry shortly", headers={"retry-after": "1"})
+                                             f"of {self.max_held}; retry shortly",
+                                        headers={"retry-after": "1", **CLOSE})
                 body += chunk
                 self.held += len(chunk)
                 if not message.get("more_body", False):
@@ -81,7 +83,8 @@ class RequestGate:
 
 
 def _too_large(limit: int) -> HTTPException:
-    return HTTPException(413, f"request body exceeds the limit of {limit} bytes (limits.max_body_bytes)")
+    return HTTPException(413, f"request body exceeds the limit of {limit} bytes (limits.max_body_bytes)",
+                         headers=CLOSE)
 
 
 class _ReadRequest(Request):

@@ -1,10 +1,12 @@
 """uvicorn as the reward server runs it: h11 with a timeout on a request's line and headers, which uvicorn lacks (a
-client sending a header byte every few seconds would hold its connection for ever)."""
+client sending a header byte every few seconds would hold its connection for ever), and no reading of a body after
+its response (uvicorn reads the rest of a body the app did not read, however long, to reach the next request)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
 from components.reward_server.settings import Limits
@@ -12,7 +14,8 @@ from components.reward_server.settings import Limits
 
 class HeaderTimeoutH11(H11Protocol):
     """Closes the connection when a request's line and headers have not all arrived ``header_timeout_s`` after the
-    connection opened or the previous response ended (a body still arriving then counts too)."""
+    connection opened or the previous response ended, and when a response is complete before its request's body
+    (a route that reads no body, an answer given before the body was whole)."""
 
     header_timeout_s: float
 
@@ -43,6 +46,8 @@ class HeaderTimeoutH11(H11Protocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self.transport.close()  # after the response, which is written already
         super().on_response_complete()
         if not self.transport.is_closing() and self.cycle.response_complete:  # no pipelined request started
             self._arm()

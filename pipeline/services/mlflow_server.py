@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.launch.process import free_ports, running_process, venv_binary
+from components.launch.process import Lease, free_ports, running_process, venv_binary
 from pipeline.services.seaweed import SeaweedS3
 
 
@@ -40,12 +40,13 @@ def _healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None = None,
-                   timeout_s: float = 90, host: str = "127.0.0.1") -> Iterator[MlflowServer]:
+                   timeout_s: float = 90, host: str = "127.0.0.1", lease: Lease | None = None
+                   ) -> Iterator[MlflowServer]:
     """Start ``mlflow server`` with its db (and local artifacts) under ``workdir``, wait for ``/health``,
     yield it, then stop its whole process group (also fine if it already died).
 
     ``port`` pins the port, so a test can stop a server and start another where clients still point; ``host`` is
-    the address it listens on.
+    the address it listens on; with a ``lease`` it stops when the lease's owner is gone.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -62,5 +63,5 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
     else:
         args += ["--artifacts-destination", str(workdir / "artifacts")]
     with running_process(args, cwd=workdir, env=env, log_path=workdir / "mlflow.out", what="mlflow server",
-                         ready=lambda: _healthy(server.url), timeout_s=timeout_s, port=port):
+                         ready=lambda: _healthy(server.url), timeout_s=timeout_s, port=port, lease=lease):
         yield server

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.launch.process import free_ports, port_is_free, running_process, venv_binary
+from components.launch.process import Lease, free_ports, port_is_free, running_process, venv_binary
 
 # The admin gRPC port is fixed relative to the admin http port inside weed.
 ADMIN_GRPC_OFFSET = 10000
@@ -73,12 +73,14 @@ def _s3_answers(endpoint: str) -> bool:
 
 @contextlib.contextmanager
 def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: float = 60,
-                    credentials: tuple[str, str] | None = None, host: str = "127.0.0.1") -> Iterator[SeaweedS3]:
+                    credentials: tuple[str, str] | None = None, host: str = "127.0.0.1",
+                    lease: Lease | None = None) -> Iterator[SeaweedS3]:
     """Start ``weed mini`` with its files under ``workdir``, wait until S3 answers, yield it, then stop it.
 
     Credentials (access key, secret key) are enforced, random unless given; ``bucket`` is created at start.
     Buckets are not created on upload (``-s3.autoCreateBucket=false``) so a missing bucket stays an error, as on
     real S3. ``host``: the address it listens on (another than loopback to be reached from network namespaces).
+    ``lease``: it stops when the lease's owner is gone (``components.launch.process.Lease``).
     """
     workdir = Path(workdir)
     for sub in ("data", "webdav", "logs", "admin"):
@@ -106,7 +108,7 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
     env = {**os.environ, "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
     env.pop("S3_BUCKET", None)
     with running_process(args, cwd=workdir, env=env, log_path=workdir / "weed.out", what="weed mini (SeaweedFS S3)",
-                         ready=lambda: _s3_answers(server.endpoint), timeout_s=timeout_s, port=s3):
+                         ready=lambda: _s3_answers(server.endpoint), timeout_s=timeout_s, port=s3, lease=lease):
         _wait_bucket(server, time.monotonic() + timeout_s)
         yield server
 

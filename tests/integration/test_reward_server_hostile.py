@@ -234,3 +234,42 @@ def test_bodies_held_are_bounded_and_a_body_still_arriving_holds_no_slot():
             sock.close()
         time.sleep(0.5)
         assert httpx.post(f"{url}/v1/score", json={**body, "prompts": ["a" * 40_000]}, timeout=30).status_code == 200
+
+
+def _endless_chunked(host: str, port: int, request: bytes, give_up: int) -> tuple[int, bytes]:
+    """Sends ``request`` then 1 MiB chunks of a body that never ends, until the server closes the connection (or
+    ``give_up`` bytes are sent); (body bytes sent, every byte the server sent)."""
+    chunk = b"%x\r\n" % 2**20 + b" " * 2**20 + b"\r\n"
+    sent, received = 0, b""
+    with socket.create_connection((host, port), timeout=10) as sock:  # a server that neither reads nor closes: fail
+        sock.sendall(request + b"Transfer-Encoding: chunked\r\n\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent < give_up:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        with contextlib.suppress(ConnectionResetError):
+            while data := sock.recv(65536):
+                received += data
+    return sent, received
+
+
+@pytest.mark.parametrize(("request_head", "status"), [
+    (b"POST /compute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n", b"413"),
+    (b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n", b"413"),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"200"),  # a route that reads no body
+])
+def test_a_body_that_never_ends_is_answered_and_no_more_of_it_is_read(server, request_head, status):
+    """The server answers (413 over max_body_bytes; a route without a body at once), closes the connection and
+    stops reading: the client can send little more than the cap and the sockets' buffers. Before, it read on, 8 GiB
+    in 10 s, until the header timeout closed the connection."""
+    url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    sent, received = _endless_chunked(host, int(port), request_head, give_up=2**30)
+    took = time.monotonic() - started
+    head = received.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 " + status), received[:300]
+    assert status == b"200" or b"connection: close" in head.split(b"\r\n")
+    # loopback buffers hold a few MiB each way (net.ipv4.tcp_wmem / tcp_rmem): 32 MiB past what the server read
+    read_at_most = (LIMITS.max_body_bytes if status == b"413" else 0) + 32 * 2**20
+    assert sent < read_at_most and took < SLACK_S, (sent, took)

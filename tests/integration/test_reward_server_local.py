@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import httpx
 import numpy as np
@@ -134,3 +135,46 @@ def test_a_reward_that_fails_to_load_fails_fast(state_dir):
                     log=lines.append)
     assert "could not load its rewards" in str(info.value) and "/no/such/clip does not exist" in str(info.value)
     assert _gone(int(re.search(r"\(pid (\d+)", lines[0]).group(1)))
+
+
+def test_a_server_started_for_a_run_stops_when_the_run_is_killed_outright(state_dir):
+    """A local run's deploy step starts the server for the run (run_local puts the run in the steps' environment);
+    the run killed by SIGKILL (out of memory, a CI's timeout) runs no cleanup, and the server stops on its own."""
+    from components.launch.tether import POLL_S
+
+    step = textwrap.dedent(f"""
+        from pathlib import Path
+        from components.launch.local import start_local
+        from pipeline.config import TINY_CONFIG, load_config
+        print(start_local(load_config(TINY_CONFIG), name="rs-f", state_dir=Path({str(state_dir)!r}), timeout_s=60,
+                          log=lambda _: None))
+    """)
+    run = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        from components.environ import patched_environ
+        from components.launch.process import LEASE_OWNER_ENV, ProcessRef
+        with patched_environ({{LEASE_OWNER_ENV: str(ProcessRef.of(os.getpid()))}}):
+            subprocess.run([sys.executable, "-c", {step!r}], check=True)
+        print("deployed", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", run], stdout=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert proc.stdout.readline() == "deployed\n", url
+        pid = _record(state_dir, "rs-f")["pid"]
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        time.sleep(3 * POLL_S)
+        assert httpx.get(f"{url}/readyz").status_code == 200  # the step is gone, the run is not: still serving
+        proc.kill()
+        proc.wait()
+        started = time.monotonic()
+        while not _gone(pid) and time.monotonic() - started < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        assert _gone(pid) and took < POLL_S + 5, took
+        assert not [p for p in psutil.process_iter() if _pgid(p.pid) == pid and not _gone(p.pid)]  # nor its group
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/readyz")
+    finally:
+        proc.kill()

@@ -1,7 +1,10 @@
 """running_process: a service that dies or never gets ready is one ServiceError with its log's end; nothing of
 its process group outlives the context."""
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -95,3 +98,116 @@ def test_a_port_held_by_another_process_is_no_readiness(tmp_path):
             with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out",
                                  what="demo", ready=lambda: True, timeout_s=30, port=port):
                 pass
+
+
+# A service with a child of its own, as MLflow's server has its uvicorn: stopping it must reach the whole group.
+SERVICE = [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(300)"]
+
+
+def _sleeper(**kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], **kwargs)
+
+
+def _group(pgid: int) -> list[int]:
+    """The live (not zombie) members of process group ``pgid``."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return members
+
+
+def _wait_for(condition, timeout_s: float) -> float:
+    """Seconds until ``condition()`` held; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, "timed out"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_a_leased_service_runs_while_its_owner_lives_and_its_group_stops_when_the_owner_is_killed(tmp_path):
+    from components.launch.process import Lease, ProcessRef, start_detached
+    from components.launch.tether import POLL_S
+
+    owner = _sleeper()  # stands for a local run; the service is started by another process, as a step starts it
+    lease = Lease(ProcessRef.of(owner.pid), tmp_path / "services" / "demo.json")
+    proc = start_detached(SERVICE, log_path=tmp_path / "demo.out", env=dict(os.environ), lease=lease)
+    try:
+        _wait_for(lambda: len(_group(proc.pid)) == 3, 30)  # the tether, the service, its child
+        record = json.loads(lease.record.read_text())
+        assert record == {"service": str(ProcessRef.of(proc.pid)), "owner": str(ProcessRef.of(owner.pid))}
+        time.sleep(3 * POLL_S)
+        assert len(_group(proc.pid)) == 3  # the owner lives: nothing is stopped
+        owner.kill()  # SIGKILL: no cleanup of the owner's runs
+        owner.wait()
+        took = _wait_for(lambda: not _group(proc.pid), 15)
+        assert took < POLL_S + 5, took
+        assert proc.wait(timeout=5) == 128 + signal.SIGTERM  # the service's status: stopped by SIGTERM
+        assert f"tether: pid {owner.pid} is gone" in (tmp_path / "demo.out").read_text()
+    finally:
+        owner.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_leased_running_process_is_stopped_as_any_and_its_record_removed(tmp_path):
+    from components.launch.process import Lease, ProcessRef
+
+    lease = Lease(ProcessRef.of(os.getpid()), tmp_path / "services" / "demo.json")
+    with running_process(SERVICE, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out", what="demo",
+                         ready=lambda: True, timeout_s=30, lease=lease) as proc:
+        assert lease.record.exists()
+        _wait_for(lambda: len(_group(proc.pid)) == 3, 30)
+    assert not _group(proc.pid) and not lease.record.exists()
+
+
+def test_exit_status_of_a_tethered_service_is_its_own(tmp_path):
+    from components.launch.process import Lease, ProcessRef, start_detached
+
+    lease = Lease(ProcessRef.of(os.getpid()), tmp_path / "demo.json")
+    proc = start_detached([sys.executable, "-c", "raise SystemExit(3)"], log_path=tmp_path / "demo.out",
+                          env=dict(os.environ), lease=lease)
+    assert proc.wait(timeout=30) == 3
+
+
+def test_reap_leases_stops_leftovers_of_a_dead_owner_and_nothing_else(tmp_path):
+    from components.launch.process import Lease, ProcessRef, reap_leases, start_detached
+
+    folder = tmp_path / "services"
+    owner, live_owner = _sleeper(), _sleeper()
+    stranger = _sleeper(start_new_session=True)  # leads a group, as a recorded service did
+    kept = start_detached(SERVICE, log_path=tmp_path / "kept.out", env=dict(os.environ),
+                          lease=Lease(ProcessRef.of(live_owner.pid), folder / "kept.json"))
+    left = start_detached(SERVICE, log_path=tmp_path / "left.out", env=dict(os.environ),
+                          lease=Lease(ProcessRef.of(owner.pid), folder / "left.json"))
+    try:
+        _wait_for(lambda: len(_group(left.pid)) == 3 and len(_group(kept.pid)) == 3, 30)
+        left.kill()  # its tether killed too (SIGKILL to it alone): the service and its child run on in its group
+        left.wait()
+        owner_ref = ProcessRef.of(owner.pid)
+        owner.kill()
+        owner.wait()
+        assert len(_group(left.pid)) == 2
+        # a record whose pid another process has taken since: the start time differs, so it is not signalled
+        stranger_ref = ProcessRef.of(stranger.pid)
+        (folder / "reused.json").write_text(json.dumps({
+            "service": str(ProcessRef(stranger.pid, stranger_ref.start + 1)), "owner": str(owner_ref)}))
+        lines: list[str] = []
+        reap_leases(folder, lines.append)
+        assert not _group(left.pid)
+        assert lines == [f"stopping left (process group {left.pid}), left running by pid {owner_ref.pid}, which is "
+                         "gone"]
+        assert stranger.poll() is None and len(_group(kept.pid)) == 3  # a stranger, a live owner's service: untouched
+        assert sorted(p.name for p in folder.iterdir()) == ["kept.json"]
+    finally:
+        for proc in (owner, live_owner, stranger):
+            proc.kill()
+        for proc in (kept, left):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
