@@ -19,7 +19,6 @@ manifest of their sizes and SHA-256, which :func:`complete_manifest` checks on r
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import functools
 import hashlib
@@ -441,12 +440,12 @@ def exists(uri: str) -> bool:
     return True
 
 
-def list(uri_prefix: str) -> builtins.list[str]:
+def list_uris(uri_prefix: str) -> list[str]:
     """Sorted URIs (in the caller's notation) of every object under the folder ``uri_prefix``."""
     return [join(uri_prefix, rel) for rel in sorted(_sizes(uri_prefix))]
 
 
-def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> builtins.list[str]:
+def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> list[str]:
     """Upload every file under ``local_dir`` to ``uri_prefix/<relative path>``; returns the URIs written."""
     root = Path(local_dir)
     if not root.is_dir():
@@ -458,7 +457,7 @@ def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> builtins.l
     return written
 
 
-def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> builtins.list[Path]:
+def download_dir(uri_prefix: str, local_dir: str | os.PathLike[str]) -> list[Path]:
     """Download every object under the folder ``uri_prefix`` into ``local_dir``; returns the files written."""
     root = Path(local_dir)
     written = []
@@ -506,7 +505,7 @@ def delete_prefix(uri_prefix: str) -> int:
     """Delete every object under the folder ``uri_prefix``; returns how many were deleted."""
     loc = _parse(uri_prefix)
     if isinstance(loc, Path):
-        files = builtins.list(_local_files(loc))
+        files = list(_local_files(loc))
         if loc.is_dir():
             shutil.rmtree(loc)
         return len(files)

@@ -10,7 +10,7 @@ from pathlib import Path
 from components import environ
 from components.console import quiet_libraries, status_line
 from components.dataset.config import PrepareConfig
-from components.deployment import STORAGE_ROOT
+from components.deploy_defaults import STORAGE_ROOT
 from components.errors import ConfigError, exit_status
 from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
 from components.reward_server import entry as reward_server_entry
@@ -76,7 +76,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_rayjob(args: argparse.Namespace) -> int:
-    from components.launch.kubernetes.rayjob import build_rayjob, default_run_id, to_yaml
+    from components.launch.kubernetes.rayjob_manifest import build_rayjob, default_run_id, to_yaml
 
     config = load_config(args.config, args.overrides)
     run_id = args.run_id or default_run_id(config, args.config.stem)

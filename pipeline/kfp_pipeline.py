@@ -14,7 +14,7 @@ from typing import NamedTuple
 from kfp import compiler, dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Input, Metrics, Model, Output
 
-from components.deployment import MLFLOW_SECRET, S3_SECRET, STORAGE_ROOT, image
+from components.deploy_defaults import MLFLOW_SECRET, S3_SECRET, STORAGE_ROOT, image
 
 PIPELINE_NAME = "flowgrpo"
 COMPILED = Path(__file__).with_name("flowgrpo_pipeline.yaml")

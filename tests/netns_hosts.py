@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from components.launch.kubernetes.rayjob import HEAD_PORTS
+from components.launch.kubernetes.rayjob_manifest import HEAD_PORTS
 from components.launch.kubernetes.types import quantity_value
 
 REPO = Path(__file__).resolve().parents[1]

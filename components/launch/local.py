@@ -22,7 +22,7 @@ import httpx
 from components import environ
 from components.console import status_line
 from components.errors import LaunchError
-from components.launch.kubernetes.reward_server import DeployableConfig, reward_server_name
+from components.launch.kubernetes.reward_deploy import DeployableConfig, reward_server_name
 from components.launch.process import (
     LEASES_DIR,
     Lease,

@@ -138,7 +138,7 @@ def _videos(out: RunOutput) -> list[Path]:
 def _final_lora(out: RunOutput) -> Path | None:
     local = out.local / FINAL_LORA_DIR
     if out.remote:
-        if not storage.list(out.uri_of(FINAL_LORA_DIR)):
+        if not storage.list_uris(out.uri_of(FINAL_LORA_DIR)):
             return None
         shutil.rmtree(local, ignore_errors=True)
         storage.download_dir(out.uri_of(FINAL_LORA_DIR), local)

@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from scaling_model import predict_epoch_s, split_epoch
 
 from components import storage
-from components.launch.kubernetes.rayjob import build_rayjob
+from components.launch.kubernetes.rayjob_manifest import build_rayjob
 from components.trainer import checkpoint as ckpt
 from pipeline.config import TINY_CONFIG, load_config
 from pipeline.services.seaweed import running_seaweed

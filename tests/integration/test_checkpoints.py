@@ -56,7 +56,7 @@ def test_publish_and_newest_checkpoint(root: str, tmp_path: Path, monkeypatch: p
     with monkeypatch.context() as m, pytest.raises(ConnectionError):
         m.setattr(storage, "_put_file", failing_put_file)
         ckpt.publish_checkpoint(make_checkpoint(tmp_path, "step-3", 3), prefix)
-    assert len(storage.list(f"{prefix}/step-3")) == 1  # really half-uploaded
+    assert len(storage.list_uris(f"{prefix}/step-3")) == 1  # really half-uploaded
     assert storage.get_bytes(f"{prefix}/latest") == b"step-2"
     assert ckpt.newest_checkpoint(prefix) == f"{prefix}/step-2"
 
@@ -100,7 +100,7 @@ def test_publish_rejects_reserved_names(root: str, tmp_path: Path) -> None:
     with pytest.raises(ckpt.CheckpointPublishError, match="reserved") as info:
         ckpt.publish_checkpoint(reserved, f"{root}/c")
     assert info.value.__cause__ is None and info.value.__suppress_context__
-    assert storage.list(f"{root}/c") == []
+    assert storage.list_uris(f"{root}/c") == []
     assert issubclass(ckpt.CheckpointPublishError, storage.StorageError)
 
 

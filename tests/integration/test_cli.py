@@ -314,7 +314,7 @@ def test_a_refused_train_writes_nothing_to_an_s3_output(s3_env, tmp_path, capsys
     for overrides in (["data.prompts=null", "data.path=/dev/null"], ["rewards=[{name: 'foo.bar:Baz'}]"]):
         assert main(["train", "--output", output, *overrides]) == 2
         assert "error:" in capsys.readouterr().err
-        assert storage.list(output) == [], overrides
+        assert storage.list_uris(output) == [], overrides
 
 
 def test_trainer_entry_module_trains_its_sections_of_a_whole_experiment_from_the_environment(tmp_path, small_config):

@@ -18,7 +18,7 @@ from kube_emulator import outcome, serve
 
 from components.errors import LaunchError
 from components.launch.kubernetes import rayjobs as kube
-from components.launch.kubernetes.rayjob import build_network_policy, build_rayjob
+from components.launch.kubernetes.rayjob_manifest import build_network_policy, build_rayjob
 from pipeline.config import TINY_CONFIG, load_config
 
 pytestmark = pytest.mark.asyncio

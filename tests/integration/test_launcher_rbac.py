@@ -24,9 +24,9 @@ from kube_emulator import api_calls, outcome, rbac_verb, serve
 
 from components.launch.kubernetes import rayjobs
 from components.launch.kubernetes.deployments import BUILTIN
-from components.launch.kubernetes.rayjob import build_rayjob
+from components.launch.kubernetes.rayjob_manifest import build_rayjob
 from components.launch.kubernetes.rayjobs import RAYJOB
-from components.launch.kubernetes.reward_server import deploy_to_kubernetes, reward_server_name, teardown_kubernetes
+from components.launch.kubernetes.reward_deploy import deploy_to_kubernetes, reward_server_name, teardown_kubernetes
 from pipeline.config import TINY_CONFIG, load_config
 
 NS = "flowgrpo"

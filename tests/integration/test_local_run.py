@@ -146,10 +146,10 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
 
     with local_services(workdir) as env, patched_environ(env):
         run_root = lora[: -len("/lora")]
-        keys = {k[len(run_root) + 1:] for k in storage.list(run_root)}
+        keys = {k[len(run_root) + 1:] for k in storage.list_uris(run_root)}
         assert {"metrics.jsonl", "config.yaml", "checkpoints/latest", "checkpoints/epoch-000002/_MANIFEST.json",
                 "lora/pytorch_lora_weights.safetensors", "eval/report.html", "eval/eval.json"} <= keys
-        datasets = storage.list(f"s3://{BUCKET}/datasets")
+        datasets = storage.list_uris(f"s3://{BUCKET}/datasets")
         assert any(k.endswith("/manifest.json") for k in datasets) and any(k.endswith("/test.parquet")
                                                                            for k in datasets)
         config = storage.get_bytes(f"{run_root}/config.yaml").decode()
@@ -205,7 +205,7 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert version.run_id == train_run.info.run_id
         assert version.tags["flowgrpo.lora_uri"] == lora
         assert version.tags["flowgrpo.gate"] == evaluate.data.tags["flowgrpo.gate"]
-        model_files = storage.list(f"s3://{BUCKET}/mlflow")
+        model_files = storage.list_uris(f"s3://{BUCKET}/mlflow")
         assert any(k.endswith("MLmodel") for k in model_files)  # the registered model's artifacts are in S3
         assert any(k.endswith("pytorch_lora_weights.safetensors") for k in model_files)
 

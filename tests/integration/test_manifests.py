@@ -453,8 +453,8 @@ def _pipeline_step_labels() -> dict[str, dict[str, str]]:
 def test_mlflow_admits_exactly_the_pods_that_log(renders):
     """Every pod the project runs, as it is labelled: the RayJob's head and workers and the pipeline's steps log;
     KubeRay's submitter pod, the services (MLflow itself included) and a run's reward server and judge do not."""
-    from components.launch.kubernetes.rayjob import SUBMITTER_CRD_LABEL, SUBMITTER_NAME_LABEL
-    from components.launch.kubernetes.reward_server import build_reward_server_objects
+    from components.launch.kubernetes.rayjob_manifest import SUBMITTER_CRD_LABEL, SUBMITTER_NAME_LABEL
+    from components.launch.kubernetes.reward_deploy import build_reward_server_objects
     from pipeline.config import TINY_CONFIG, load_config
 
     logging, silent = {}, {"a pod without labels": {}, "another app": {"app.kubernetes.io/name": "other"}}
@@ -898,7 +898,7 @@ def test_components_image_runs_the_light_steps_with_only_its_requirements(tmp_pa
                "from mlflow.version import IS_MLFLOW_SKINNY\nassert IS_MLFLOW_SKINNY")
     # The pipeline's light steps (prepare, deploy / teardown, the RayJob launch, register) and the pipeline itself.
     root = tmp_path / "root"
-    step("-c", "import pipeline.kfp_pipeline, components.launch.kubernetes.reward_server\n"
+    step("-c", "import pipeline.kfp_pipeline, components.launch.kubernetes.reward_deploy\n"
                "import components.tracking.pipeline_runs, components.launch.kubernetes.launcher\n"
                "from pipeline import steps\nfrom pipeline.config import config_from_parameter\n"
                f"ref = steps.prepare(config_from_parameter('tiny-cpu'), {str(root)!r})\n"

@@ -451,7 +451,7 @@ def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
     sys.path.insert(0, str(REPO / "tests"))
     import rayjob_schema
 
-    from components.launch.kubernetes.rayjob import build_rayjob
+    from components.launch.kubernetes.rayjob_manifest import build_rayjob
     from components.trainer.loop import check_world_size
 
     config = load_config(CONFIG_DIR / path)

@@ -28,7 +28,7 @@ from process_group import run_in_process_group, train_tiny
 from safetensors.torch import load_file
 
 from components import storage
-from components.launch.kubernetes.rayjob import build_rayjob
+from components.launch.kubernetes.rayjob_manifest import build_rayjob
 from components.trainer import checkpoint as ckpt
 from components.trainer.training_run import train
 from pipeline.config import TINY_CONFIG, load_config

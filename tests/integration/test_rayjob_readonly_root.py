@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from components import storage
-from components.launch.kubernetes.rayjob import build_rayjob
+from components.launch.kubernetes.rayjob_manifest import build_rayjob
 from pipeline.config import TINY_CONFIG, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,5 +76,5 @@ def test_the_rayjob_entrypoint_trains_on_ray_with_a_read_only_root(env, seaweed)
                            "sh", "-c", POD_FS, "pod-fs", *shlex.split(manifest["spec"]["entrypoint"])],
                           cwd=REPO, env=pod_env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    assert storage.list(f"{output}/lora"), proc.stderr[-3000:]
+    assert storage.list_uris(f"{output}/lora"), proc.stderr[-3000:]
     assert not os.path.exists(REPO / ".rw-probe")

@@ -21,7 +21,7 @@ from kube_emulator import RESOURCES, outcome, serve
 
 from components.errors import LaunchError
 from components.launch.kubernetes import deployments as kube
-from components.launch.kubernetes.reward_server import (
+from components.launch.kubernetes.reward_deploy import (
     deploy_to_kubernetes,
     judge_name,
     reward_server_name,

@@ -57,9 +57,9 @@ def test_file_and_dir_round_trip(root: str, tmp_path: Path) -> None:
     written = storage.upload_dir(src, f"{root}/ckpt")
     expected = [f"{root}/ckpt/{rel}" for rel in sorted(files)]
     assert written == expected
-    assert storage.list(f"{root}/ckpt") == expected
-    assert storage.list(f"{root}/ckpt/") == expected
-    assert storage.list(f"{root}/nothing-here") == []
+    assert storage.list_uris(f"{root}/ckpt") == expected
+    assert storage.list_uris(f"{root}/ckpt/") == expected
+    assert storage.list_uris(f"{root}/nothing-here") == []
 
     storage.download_dir(f"{root}/ckpt", tmp_path / "dst")
     assert read_tree(tmp_path / "dst") == files
@@ -70,7 +70,7 @@ def test_file_and_dir_round_trip(root: str, tmp_path: Path) -> None:
     assert storage.get_bytes(f"{root}/single.json") == b'{"a": 1}'
 
     assert storage.delete_prefix(f"{root}/ckpt") == 3
-    assert storage.list(f"{root}/ckpt") == []
+    assert storage.list_uris(f"{root}/ckpt") == []
     assert storage.get_bytes(f"{root}/ckpt2/other") == b"x"
 
 
@@ -165,7 +165,7 @@ def test_publish_folder_is_seen_complete_or_not_at_all(root: str, tmp_path: Path
     with monkeypatch.context() as m, pytest.raises(ConnectionError):
         m.setattr(storage, "_put_file", failing_put_file)
         storage.publish_folder(make_folder(tmp_path, "two", 2), prefix)
-    assert len(storage.list(f"{prefix}/two")) == 1  # really half-uploaded
+    assert len(storage.list_uris(f"{prefix}/two")) == 1  # really half-uploaded
     assert storage.complete_manifest(f"{prefix}/two") is None
     # Its files uploaded by hand, without a manifest, do not publish it either.
     storage.upload_dir(tmp_path / "two", f"{prefix}/two")
@@ -204,7 +204,7 @@ def test_publish_folder_rejects_bad_input(root: str, tmp_path: Path) -> None:
     (folder / storage.MANIFEST_NAME).write_bytes(b"{}")
     with pytest.raises(storage.FolderPublishError, match=f"{storage.MANIFEST_NAME} \\(reserved\\)"):
         storage.publish_folder(folder, f"{root}/c")
-    assert storage.list(f"{root}/c") == []
+    assert storage.list_uris(f"{root}/c") == []
     assert issubclass(storage.FolderPublishError, storage.StorageError)
 
 
@@ -224,7 +224,7 @@ def test_wrong_credentials(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) 
     wrong_secret = "WRONGSECRET" + uuid.uuid4().hex
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong_secret)
     for call in (lambda: storage.get_bytes(uri), lambda: storage.put_bytes(b"x", uri), lambda: storage.exists(uri),
-                 lambda: storage.list(uri.rsplit("/", 1)[0])):
+                 lambda: storage.list_uris(uri.rsplit("/", 1)[0])):
         with pytest.raises(storage.StorageAuthError) as info:
             call()
         assert seaweed.bucket in str(info.value)
@@ -248,7 +248,7 @@ def test_missing_bucket(seaweed: SeaweedS3, tmp_path: Path) -> None:
     uri = f"s3://{bucket}/k/x.bin"
     (tmp_path / "f").write_bytes(b"1")
     for call in (lambda: storage.get_bytes(uri), lambda: storage.put_bytes(b"x", uri), lambda: storage.exists(uri),
-                 lambda: storage.list(f"s3://{bucket}/k"), lambda: storage.put_file(tmp_path / "f", uri),
+                 lambda: storage.list_uris(f"s3://{bucket}/k"), lambda: storage.put_file(tmp_path / "f", uri),
                  lambda: storage.get_file(uri, tmp_path / "g")):
         with pytest.raises(storage.BucketNotFoundError, match=f"bucket '{bucket}' does not exist") as info:
             call()

@@ -173,16 +173,17 @@ def test_an_epoch_splits_per_worker():
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_name_the_images_and_secrets_of_the_one_deployment_place(path):
-    """A version bump or a renamed Secret changes components/deployment.py; a config still spelling the old value
+    """A version bump or a renamed Secret changes components/deploy_defaults.py; a config still spelling the old value
     fails here instead of deploying a stale image."""
-    from components import deployment
+    from components import deploy_defaults
 
-    expected = {("cluster", "image"): deployment.image("trainer"),
-                ("cluster", "s3_secret"): deployment.S3_SECRET, ("cluster", "mlflow_secret"): deployment.MLFLOW_SECRET,
-                ("reward_deploy", "image"): deployment.image("reward-server"),
-                ("reward_deploy", "s3_secret"): deployment.S3_SECRET,
-                ("reward_deploy", "judge", "image"): deployment.image("vllm-judge"),
-                ("reward_deploy", "judge", "fetch_image"): deployment.image("components")}
+    expected = {("cluster", "image"): deploy_defaults.image("trainer"),
+                ("cluster", "s3_secret"): deploy_defaults.S3_SECRET,
+                ("cluster", "mlflow_secret"): deploy_defaults.MLFLOW_SECRET,
+                ("reward_deploy", "image"): deploy_defaults.image("reward-server"),
+                ("reward_deploy", "s3_secret"): deploy_defaults.S3_SECRET,
+                ("reward_deploy", "judge", "image"): deploy_defaults.image("vllm-judge"),
+                ("reward_deploy", "judge", "fetch_image"): deploy_defaults.image("components")}
     raw = yaml.safe_load(path.read_text())
     for keys, value in expected.items():
         node = raw

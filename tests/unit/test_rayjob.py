@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from components.errors import ConfigError, LaunchError
-from components.launch.kubernetes.rayjob import (
+from components.launch.kubernetes.rayjob_manifest import (
     MAX_NAME,
     SUBMITTER_CRD_LABEL,
     SUBMITTER_NAME_LABEL,

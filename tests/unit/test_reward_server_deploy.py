@@ -20,7 +20,7 @@ from k8s_manifests import (
 
 from components.errors import ConfigError, LaunchError
 from components.launch.kubernetes.podspec import S3_SECRET_KEYS
-from components.launch.kubernetes.reward_server import (
+from components.launch.kubernetes.reward_deploy import (
     CONFIG_HASH,
     MAX_NAME,
     build_reward_server_objects,
@@ -248,7 +248,7 @@ def test_bad_settings_name_the_key(override, needles):
 
 def test_the_deploy_modules_import_no_kubernetes_client_nor_heavy_libraries():
     """The components image (no torch) runs the deploy step; a local run never needs the Kubernetes client."""
-    code = ("import sys, components.launch.kubernetes.reward_server, components.launch.local\n"
+    code = ("import sys, components.launch.kubernetes.reward_deploy, components.launch.local\n"
             "bad = sorted({'kubernetes', 'torch', 'rapidocr', 'diffusers'} & {m.split('.')[0] for m in sys.modules})\n"
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -267,7 +267,7 @@ def _admits(policy: dict, port: int, labels: dict[str, str]) -> bool:
 
 
 def test_only_the_runs_trainer_pods_reach_its_reward_server_and_only_that_server_its_judge():
-    from components.launch.kubernetes.rayjob import build_rayjob
+    from components.launch.kubernetes.rayjob_manifest import build_rayjob
 
     objects = _objects(JUDGE_REWARDS, "reward_deploy.port=8600")
     name = reward_server_name("run-1")

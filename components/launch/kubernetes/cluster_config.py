@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from components import deployment
+from components import deploy_defaults
 from components.config_base import Section
 from components.launch.kubernetes.types import (
     INT32_MAX,
@@ -68,7 +68,7 @@ class RayJobConfig(Section):
         default="flowgrpo", description="Kubernetes namespace of the RayJob (and its Secrets)",
     )
     image: Annotated[str, AfterValidator(check_image)] = Field(
-        default=deployment.image("trainer"),
+        default=deploy_defaults.image("trainer"),
         description="trainer image for head and workers; a version tag or digest, never `latest`",
     )
     ray_version: str = Field(
@@ -90,12 +90,12 @@ class RayJobConfig(Section):
     head: HeadConfig = Field(default_factory=HeadConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     s3_secret: ObjectName = Field(
-        default=deployment.S3_SECRET,
+        default=deploy_defaults.S3_SECRET,
         description="Secret whose keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL_S3 and AWS_REGION "
                     "become the pods' environment (each optional); null = none",
     )
     mlflow_secret: ObjectName = Field(
-        default=deployment.MLFLOW_SECRET,
+        default=deploy_defaults.MLFLOW_SECRET,
         description="Secret whose keys MLFLOW_TRACKING_URI, MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
                     "become the pods' environment (each optional); null = none",
     )

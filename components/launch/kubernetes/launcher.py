@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from components.console import status_line
-from components.launch.kubernetes.rayjob import build_rayjob
-from components.launch.kubernetes.reward_server import deploy_to_kubernetes, reward_server_name, teardown_kubernetes
+from components.launch.kubernetes.rayjob_manifest import build_rayjob
+from components.launch.kubernetes.reward_deploy import deploy_to_kubernetes, reward_server_name, teardown_kubernetes
 
 Log = Callable[[str], None]
 

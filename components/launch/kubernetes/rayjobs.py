@@ -32,7 +32,7 @@ from components.launch.kubernetes.api import (
     unreachable,
 )
 from components.launch.kubernetes.deployments import apply_objects
-from components.launch.kubernetes.rayjob import build_network_policy
+from components.launch.kubernetes.rayjob_manifest import build_network_policy
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 RESOURCE = f"{PLURAL}.{GROUP}"

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from components import deployment
+from components import deploy_defaults
 from components.launch.kubernetes.types import ObjectName, Toleration, check_image, pod_resources
 from components.reward_server.settings import Batching, Limits
 
@@ -41,7 +41,7 @@ class JudgeDeployConfig(pod_resources(
                     "base_url (a judge running elsewhere)",
     )
     image: Image = Field(
-        default=deployment.image("vllm-judge"),
+        default=deploy_defaults.image("vllm-judge"),
         description="`vllm serve` image (images/Dockerfile, target vllm-judge: vllm/vllm-openai:v0.32.0, non-root, "
                     "offline); pinned",
     )
@@ -52,7 +52,7 @@ class JudgeDeployConfig(pod_resources(
                     "keys); served under the `model` name(s) of the vlm_judge rewards",
     )
     fetch_image: Image = Field(
-        default=deployment.image("components"),
+        default=deploy_defaults.image("components"),
         description="image of the init container that copies an s3:// model (components.storage.download_dir)",
     )
     port: int = Field(default=8000, ge=1024, le=65535, description="port of the judge's OpenAI API")
@@ -72,7 +72,7 @@ class RewardDeployConfig(pod_resources("reward_deploy", "each reward server pod 
     """The reward server a pipeline run deploys for its training rewards, and removes when the run ends."""
 
     image: Image = Field(
-        default=deployment.image("reward-server"),
+        default=deploy_defaults.image("reward-server"),
         description="reward server image (images/Dockerfile, target reward-server); a version tag or digest, never "
                     "`latest`",
     )
@@ -90,7 +90,7 @@ class RewardDeployConfig(pod_resources("reward_deploy", "each reward server pod 
         default=None, description="ServiceAccount of the pods (e.g. one bound to cloud storage); null = default",
     )
     s3_secret: ObjectName = Field(
-        default=deployment.S3_SECRET,
+        default=deploy_defaults.S3_SECRET,
         description="Secret whose AWS_* keys become the pods' environment (reward weights from s3://; the judge's "
                     "s3:// model); null = none",
     )

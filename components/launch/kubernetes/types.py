@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, create_model, model_validator
 
-from components import deployment
+from components import deploy_defaults
 from components.config_base import Section
 
 INT32_MAX = 2**31 - 1
@@ -84,7 +84,7 @@ def check_image(image: str) -> str:
         return image
     name, _, tag = image.rpartition(":")
     if not name or not tag or "/" in tag:  # no tag at all: the last ':' (if any) belongs to a registry port
-        raise ValueError(f"the image has no tag: pin a version (e.g. {deployment.image('trainer')}) "
+        raise ValueError(f"the image has no tag: pin a version (e.g. {deploy_defaults.image('trainer')}) "
                          "or a digest (@sha256:...) so every pod of the run gets the same code")
     if tag == "latest":
         raise ValueError("the image uses the moving tag 'latest': pin a version or a digest so every pod "
