@@ -6,22 +6,39 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from components.errors import ConfigError
+
+if TYPE_CHECKING:
+    from components.launch.kubernetes.cluster_config import RayJobConfig
+    from components.launch.kubernetes.reward_deploy_config import RewardDeployConfig
+    from components.rewards.config import RewardSpec
 
 LOCAL_PREFIX = "local:"
 KUBERNETES = "kubernetes"
 
 
+class RunConfig(Protocol):
+    """What a launcher reads of an experiment config (``pipeline.config.ExperimentConfig``): the rewards its server
+    serves and how that server is deployed, the Ray cluster, and the whole config (the local launcher trains it as
+    it is, the Kubernetes one puts it in the RayJob)."""
+
+    rewards: list[RewardSpec]
+    reward_deploy: RewardDeployConfig
+    cluster: RayJobConfig
+
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
 class Launcher(Protocol):
-    def start_reward_server(self, config: Any, run_id: str, log: Callable[[str], None]) -> str:
+    def start_reward_server(self, config: RunConfig, run_id: str, log: Callable[[str], None]) -> str:
         """Start the run's reward server for ``config.rewards`` and return its URL once it is ready."""
 
-    def stop_reward_server(self, config: Any, run_id: str, log: Callable[[str], None]) -> None:
+    def stop_reward_server(self, config: RunConfig, run_id: str, log: Callable[[str], None]) -> None:
         """Stop what ``start_reward_server`` started for ``run_id``; fine when nothing (or part of it) is there."""
 
-    def train(self, config: Any, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
+    def train(self, config: RunConfig, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
               log: Callable[[str], None]) -> None:
         """Train ``config`` into ``output`` and return when the training has finished (raise when it failed)."""
 
