@@ -6,7 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from components.flowgrpo.metrics import EpochEta, MetricsFile, describe_learning, learning_summary, progress_line, reward_trend
+from components.flowgrpo.metrics import (
+    EpochEta,
+    MetricsFile,
+    describe_learning,
+    learning_summary,
+    progress_line,
+    reward_trend,
+)
 
 
 def test_progress_line_shows_failures_and_missing_values():
