@@ -15,11 +15,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from components.errors import FlowGRPOError
+from components.polling import Polls
 
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20
@@ -83,9 +83,9 @@ def stop_group(pid: int, alive: Callable[[], bool], grace_s: float = STOP_GRACE_
             return True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        for _ in Polls(grace_s, 0.05):
+            if not alive():
+                break
     return not alive()
 
 
@@ -100,19 +100,23 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
     answers the same health check, and this one, failing to bind, would be taken for it."""
     proc = start_detached(args, log_path=log_path, env=env, cwd=cwd)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not (ready() and (port is None or listens_on(proc.pid, port))):
-            problem = (f"exited with {proc.returncode}" if proc.poll() is not None
-                       else f"was not ready within {timeout_s:g} s" if time.monotonic() > deadline else None)
-            if problem:
-                raise ServiceError(f"{what} {problem}; the end of {log_path}:\n{log_tail(log_path)}")
-            time.sleep(0.2)
+        for _ in Polls(timeout_s, 0.2):
+            if ready() and (port is None or listens_on(proc.pid, port)):
+                break
+            if proc.poll() is not None:
+                raise ServiceError(f"{what} exited with {proc.returncode}; {_log_end(log_path)}")
+        else:
+            raise ServiceError(f"{what} was not ready within {timeout_s:g} s; {_log_end(log_path)}")
         yield proc
     finally:
         stop_group(proc.pid, lambda: proc.poll() is None)
         # Sweep whatever of its group outlived the leader (or a leader that died on its own).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _log_end(log_path: Path) -> str:
+    return f"the end of {log_path}:\n{log_tail(log_path)}"
 
 
 def listens_on(pid: int, port: int) -> bool:
