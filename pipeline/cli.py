@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from components import environ
@@ -20,6 +23,31 @@ from pipeline.local_run import DEFAULT_UI_PORT
 from pipeline.steps import run_output
 
 
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its name, its line in ``flowgrpo --help``, its own ``--help`` text, its options and its run."""
+
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: list[Command] = []  # in the order ``flowgrpo --help`` lists them
+
+
+def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+            description: str | None = None) -> Callable[[Callable[[argparse.Namespace], int]], Callable]:
+    """Register the decorated function as subcommand ``name``; its docstring is the ``--help`` description
+    unless ``description`` is given."""
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS.append(Command(name, help, description or inspect.getdoc(run) or "", add_arguments, run))
+        return run
+    return register
+
+
+# -- options more than one command takes ----------------------------------------------------------------------
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     from pipeline.config import example_configs
 
@@ -30,27 +58,39 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override config values, e.g. train.epochs=5 sampling.group_size=4")
 
 
+def _add_parent_run_id(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
+                   help=f"log {what} as a child of this MLflow run")
+
+
+def _add_workdir(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"), help=help)
+
+
+def _add_eval_gpus(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
+
+
+# -- the commands, each beside its options ----------------------------------------------------------------------
+def _train_args(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    trainer_entry.add_run_arguments(p)
+
+
+@command("train", "train a LoRA in this process", _train_args, description=trainer_entry.DESCRIPTION)
 def cmd_train(args: argparse.Namespace) -> int:
     return trainer_entry.run(load_config(args.config, args.overrides), args)
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.overrides)
-    name, _, version = (args.registered_model or "").rpartition("/")
-    if args.registered_model and not (name and version):
-        raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
-    quiet_libraries()
-    from pipeline import steps
-
-    result = steps.evaluate(config, args.lora, Path(args.output),
-                            history=steps.training_history(args.lora, args.metrics),
-                            parent_run_id=args.mlflow_parent_run_id,
-                            registered_model=(name, version) if args.registered_model else None, say=print)
-    print(f"eval: {result.eval_path}  report: {result.report_path}")
-    return 0
+command("reward-server", "serve rewards over HTTP", reward_server_entry.add_arguments,
+        description=reward_server_entry.DESCRIPTION)(reward_server_entry.serve)
 
 
+@command("validate", "check a config and exit", _add_config_args)
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Load and validate a config with its overrides; nothing else runs. A model.path missing on this machine is
+    reported on a line of its own and does not fail: the machine that validates (CI) is often not the one that
+    trains; an s3:// model.path is checked when the run starts."""
     from components.dataset.prompts import data_path_note
     from components.models.config import model_path_note
     from components.trainer.config import describe_batches, epoch_split_problems
@@ -75,7 +115,52 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--lora", required=True, metavar="DIR_OR_S3_URI", help="the LoRA folder (diffusers format)")
+    p.add_argument("--output", required=True, type=Path, metavar="DIR", help="where eval.json and report.html go")
+    p.add_argument("--metrics", default=None, metavar="PATH_OR_S3_URI",
+                   help="the training run's metrics.jsonl (default: beside --lora when it is a run's lora/)")
+    p.add_argument("--registered-model", default=None, metavar="NAME/VERSION",
+                   help="model version the gate's verdict is recorded on (alias eval.gate.alias when promoted)")
+    _add_parent_run_id(p, "the evaluation")
+
+
+@command("evaluate", "compare a trained LoRA with its base model", _evaluate_args)
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Sample the eval prompts (the prepared dataset's test split, else the training prompts) with ODE steps and
+    fixed seeds, with and without the LoRA, score them with eval_rewards, and write eval.json (per reward: base
+    mean, LoRA mean, delta, bootstrap CI, n) and report.html to --output. Applies the promotion gate."""
+    config = load_config(args.config, args.overrides)
+    name, _, version = (args.registered_model or "").rpartition("/")
+    if args.registered_model and not (name and version):
+        raise ConfigError(f"--registered-model must be NAME/VERSION, got {args.registered_model!r}")
+    quiet_libraries()
+    from pipeline import steps
+
+    result = steps.evaluate(config, args.lora, Path(args.output),
+                            history=steps.training_history(args.lora, args.metrics),
+                            parent_run_id=args.mlflow_parent_run_id,
+                            registered_model=(name, version) if args.registered_model else None, say=print)
+    print(f"eval: {result.eval_path}  report: {result.report_path}")
+    return 0
+
+
+def _rayjob_args(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--output", default=None, metavar="S3_URI",
+                   help=f"s3:// prefix the run writes to (default: {run_output(STORAGE_ROOT, '<run id>')})")
+    p.add_argument("--run-id", default=None, metavar="ID",
+                   help="names the RayJob (default: <config name>-<config hash>, so the same config gives the "
+                        "same RayJob)")
+    _add_parent_run_id(p, "the run")
+
+
+@command("rayjob", "print the KubeRay RayJob of a cluster training run", _rayjob_args)
 def cmd_rayjob(args: argparse.Namespace) -> int:
+    """Print the KubeRay RayJob (ray.io/v1) that trains the config on the cluster described by its `cluster:`
+    section, as YAML for `kubectl apply -f -`. Contacts no cluster. The config travels inside the RayJob;
+    credentials come from the Secrets it names."""
     from components.launch.kubernetes.rayjob_manifest import build_rayjob, default_run_id, to_yaml
 
     config = load_config(args.config, args.overrides)
@@ -86,7 +171,29 @@ def cmd_rayjob(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_dataset_args(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", metavar="PATH_OR_S3_URI", help="a .jsonl, .csv or .parquet file")
+    source.add_argument("--builtin", choices=["ocr", "aesthetic", "compositional", "shapes"],
+                        help="a prompt set shipped with flowgrpo")
+    p.add_argument("--output", required=True, metavar="DIR_OR_S3_URI", help="folder or s3:// prefix to write")
+    p.add_argument("--kind", choices=["ocr", "generic"], default=None,
+                   help="ocr: also reject rows with no quoted text and no ground_truth (default: ocr for "
+                        "--builtin ocr, else generic)")
+    # Defaults from the schema: the pipeline's prepare_dataset step (the `dataset:` section) splits the same way.
+    p.add_argument("--test-fraction", type=float, default=PrepareConfig.default_of("test_fraction"),
+                   help="share of rows in the test split (default %(default)s, as dataset.test_fraction)")
+    p.add_argument("--seed", type=int, default=PrepareConfig.default_of("seed"),
+                   help="seed of the train/test split (default %(default)s)")
+    p.add_argument("--max-prompt-tokens", type=int, default=PrepareConfig.default_of("max_prompt_tokens"),
+                   help="reject prompts estimated longer than this many T5 tokens (default %(default)s)")
+
+
+@command("prepare-dataset", "validate, split and write a prompt dataset", _prepare_dataset_args)
 def cmd_prepare_dataset(args: argparse.Namespace) -> int:
+    """Read prompts from JSONL, CSV or Parquet (a path or s3:// URI; a `prompt` column, other columns become
+    metadata) or a built-in set, reject bad rows (reported with line numbers), split train/test by seed and write
+    train.parquet, test.parquet and manifest.json to --output. Train on it with data.path=OUTPUT."""
     from components.dataset.prepare import BUILTIN_PREFIX, prepare_dataset
 
     source = f"{BUILTIN_PREFIX}{args.builtin}" if args.builtin else args.input
@@ -101,16 +208,24 @@ def cmd_prepare_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compile(args: argparse.Namespace) -> int:
-    from pipeline.kfp_pipeline import compile_pipeline
+def _run_args(p: argparse.ArgumentParser) -> None:
+    _add_config_args(p)
+    p.add_argument("--local", action="store_true", help="run here (the only mode; `submit` targets a cluster)")
+    _add_workdir(p, "where the S3 data, MLflow database, pipeline outputs and logs live (default ./.flowgrpo)")
+    p.add_argument("--ray-workers", type=int, default=1, metavar="N",
+                   help="Ray Train workers for the training step (default 1; 0 trains in the step's process)")
+    p.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT,
+                   help="the port `flowgrpo ui` serves on: the run's MLflow listens there too when it is free, so "
+                        "the links printed during the run keep working (default %(default)s)")
 
-    path = compile_pipeline(args.output, eval_gpus=args.eval_gpus)
-    print(f"compiled the pipeline to {path} (run it: kfp run create -e EXPERIMENT -r RUN -f {path} "
-          "config=shapes-cpu)")
-    return 0
 
-
+@command("run", "run the whole pipeline on this machine (--local)", _run_args)
 def cmd_run(args: argparse.Namespace) -> int:
+    """Run the whole pipeline (prepare dataset -> deploy reward server -> train -> evaluate -> register, then tear
+    the reward server down) on this machine with kfp.local: starts SeaweedFS (S3), an MLflow server on sqlite, the
+    reward server and a local Ray, prints each step with its duration, and stops them all at the end or on Ctrl-C.
+    State lives under --workdir; a second run reuses the prepared dataset and `flowgrpo ui` serves what the runs
+    logged."""
     if not args.local:
         raise ConfigError("`flowgrpo run` runs on this machine and needs --local; `flowgrpo submit` starts a run on "
                           "a Kubeflow Pipelines endpoint")
@@ -146,7 +261,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui_args(p: argparse.ArgumentParser) -> None:
+    _add_workdir(p, "the local runs' work directory")
+    p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help="MLflow UI port (default %(default)s)")
+
+
+@command("ui", "serve MLflow over the state of local runs", _ui_args)
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Start SeaweedFS and the MLflow UI over --workdir (what `run --local` left), with the sample images and
+    reports, until Ctrl-C, SIGTERM or SIGHUP, which stop both. Prints the newest experiment's link, in MLflow's
+    model-training view. One `ui` or `run --local` uses a work directory at a time."""
+    from pipeline.local_run import serve_ui
+
+    serve_ui(args.workdir, port=args.port)
+    return 0
+
+
+def _replay_mlflow_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("output", metavar="DIR_OR_S3_URI", help="the run output (`train --output`)")
+    p.add_argument("--experiment", default=None,
+                   help="MLflow experiment (default: the run's tracking.experiment)")
+    p.add_argument("--run-name", default=None, help="MLflow run name (default: the output's last path part)")
+    p.add_argument("--no-register", action="store_true",
+                   help="log the LoRA as artifacts instead of registering it in the Model Registry")
+    p.add_argument("--force", action="store_true",
+                   help="log another run even when the experiment already holds one for this output")
+
+
+@command("replay-mlflow", "log a finished run output into MLflow (after an outage)", _replay_mlflow_args)
 def cmd_replay_mlflow(args: argparse.Namespace) -> int:
+    """Log what a training run left under its output (params from config.yaml, lineage tags from run.json,
+    metrics.jsonl with step = epoch, the samples/ grids, the final lora/) as a new run in $MLFLOW_TRACKING_URI, as
+    live tracking would have: for runs made while MLflow was down or tracking was off. The LoRA is registered as a
+    new version of tracking.registered_model when the config names one, else logged as artifacts. All or nothing:
+    a replay that fails deletes the run it made. An output already in the experiment is refused unless --force."""
     from components.registry.versions import register_lora_version
     from components.tracking.replay import replay_run
     from components.trainer.run_output import read_finished_run, run_name
@@ -161,11 +309,39 @@ def cmd_replay_mlflow(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_ui(args: argparse.Namespace) -> int:
-    from pipeline.local_run import serve_ui
+def _compile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", type=Path, default=Path(__file__).with_name("flowgrpo_pipeline.yaml"),
+                   help="where to write (default: pipeline/flowgrpo_pipeline.yaml, the committed copy)")
+    _add_eval_gpus(p)
 
-    serve_ui(args.workdir, port=args.port)
+
+@command("compile", "compile the Kubeflow pipeline to YAML", _compile_args)
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile the KFP v2 pipeline (with its kubernetes settings: Secrets as env, timeouts, the GPU evaluation
+    pod) for `kfp run create -f FILE`."""
+    from pipeline.kfp_pipeline import compile_pipeline
+
+    path = compile_pipeline(args.output, eval_gpus=args.eval_gpus)
+    print(f"compiled the pipeline to {path} (run it: kfp run create -e EXPERIMENT -r RUN -f {path} "
+          "config=shapes-cpu)")
     return 0
+
+
+def _submit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://ml-pipeline-ui.kubeflow:80")
+    p.add_argument("--experiment", default="flowgrpo", help="KFP experiment (created when missing)")
+    p.add_argument("--run-name", default=None, help="run name (default flowgrpo-<timestamp>)")
+    p.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE_OR_NAME",
+                   help="experiment YAML file (sent as its text) or the name of a shipped config (sent as the "
+                        "name) for the pipeline's `config` parameter (else config=NAME_OR_TEXT, else "
+                        f"{DEFAULT_CONFIG.stem})")
+    _add_eval_gpus(p)
+    p.add_argument("--service-account", default=PIPELINE_SERVICE_ACCOUNT,
+                   help=f"Kubernetes service account the step pods run as (default {PIPELINE_SERVICE_ACCOUNT}, "
+                        "from manifests/base: the Role the steps need and nothing more)")
+    p.add_argument("arguments", nargs="*", metavar="key=value",
+                   help="pipeline parameters: config, overrides (a YAML/JSON list), storage_root, ray_workers")
 
 
 def _parse_arguments(items: list[str]) -> dict:
@@ -180,7 +356,10 @@ def _parse_arguments(items: list[str]) -> dict:
     return arguments
 
 
+@command("submit", "start a pipeline run on a Kubeflow Pipelines endpoint", _submit_args)
 def cmd_submit(args: argparse.Namespace) -> int:
+    """Compile the pipeline, upload it (once per content), create the experiment if needed and start a run. The
+    config is validated first. A bearer token, when needed, comes from $KFP_TOKEN."""
     from pipeline.config import config_from_parameter, config_parameter
     from pipeline.kfp_submit import submit
 
@@ -203,149 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="FlowGRPO: online RL fine-tuning of flow-matching text-to-image models with image rewards.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("train", help="train a LoRA in this process", description=trainer_entry.DESCRIPTION)
-    _add_config_args(p)
-    trainer_entry.add_run_arguments(p)
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("reward-server", help="serve rewards over HTTP", description=reward_server_entry.DESCRIPTION)
-    reward_server_entry.add_arguments(p)
-    p.set_defaults(func=reward_server_entry.serve)
-
-    p = sub.add_parser("validate", help="check a config and exit",
-                       description="Load and validate a config with its overrides; nothing else runs. A "
-                                   "model.path missing on this machine is reported on a line of its own and does "
-                                   "not fail: the machine that validates (CI) is often not the one that trains; "
-                                   "an s3:// model.path is checked when the run starts.")
-    _add_config_args(p)
-    p.set_defaults(func=cmd_validate)
-
-    p = sub.add_parser("evaluate", help="compare a trained LoRA with its base model",
-                       description="Sample the eval prompts (the prepared dataset's test split, else the training "
-                                   "prompts) with ODE steps and fixed seeds, with and without the LoRA, score them "
-                                   "with eval_rewards, and write eval.json (per reward: base mean, LoRA mean, delta, "
-                                   "bootstrap CI, n) and report.html to --output. Applies the promotion gate.")
-    _add_config_args(p)
-    p.add_argument("--lora", required=True, metavar="DIR_OR_S3_URI", help="the LoRA folder (diffusers format)")
-    p.add_argument("--output", required=True, type=Path, metavar="DIR", help="where eval.json and report.html go")
-    p.add_argument("--metrics", default=None, metavar="PATH_OR_S3_URI",
-                   help="the training run's metrics.jsonl (default: beside --lora when it is a run's lora/)")
-    p.add_argument("--registered-model", default=None, metavar="NAME/VERSION",
-                   help="model version the gate's verdict is recorded on (alias eval.gate.alias when promoted)")
-    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
-                   help="log the evaluation as a child of this MLflow run")
-    p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser("rayjob", help="print the KubeRay RayJob of a cluster training run",
-                       description="Print the KubeRay RayJob (ray.io/v1) that trains the config on the cluster "
-                                   "described by its `cluster:` section, as YAML for `kubectl apply -f -`. Contacts "
-                                   "no cluster. The config travels inside the RayJob; credentials come from the "
-                                   "Secrets it names.")
-    _add_config_args(p)
-    p.add_argument("--output", default=None, metavar="S3_URI",
-                   help=f"s3:// prefix the run writes to (default: {run_output(STORAGE_ROOT, '<run id>')})")
-    p.add_argument("--run-id", default=None, metavar="ID",
-                   help="names the RayJob (default: <config name>-<config hash>, so the same config gives the "
-                        "same RayJob)")
-    p.add_argument("--mlflow-parent-run-id", default=None, metavar="RUN_ID",
-                   help="log the run as a child of this MLflow run")
-    p.set_defaults(func=cmd_rayjob)
-
-    p = sub.add_parser("prepare-dataset", help="validate, split and write a prompt dataset",
-                       description="Read prompts from JSONL, CSV or Parquet (a path or s3:// URI; a `prompt` column, "
-                                   "other columns become metadata) or a built-in set, reject bad rows (reported "
-                                   "with line numbers), split train/test by seed and write train.parquet, "
-                                   "test.parquet and manifest.json to --output. Train on it with data.path=OUTPUT.")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--input", metavar="PATH_OR_S3_URI", help="a .jsonl, .csv or .parquet file")
-    source.add_argument("--builtin", choices=["ocr", "aesthetic", "compositional", "shapes"],
-                        help="a prompt set shipped with flowgrpo")
-    p.add_argument("--output", required=True, metavar="DIR_OR_S3_URI", help="folder or s3:// prefix to write")
-    p.add_argument("--kind", choices=["ocr", "generic"], default=None,
-                   help="ocr: also reject rows with no quoted text and no ground_truth (default: ocr for "
-                        "--builtin ocr, else generic)")
-    # Defaults from the schema: the pipeline's prepare_dataset step (the `dataset:` section) splits the same way.
-    p.add_argument("--test-fraction", type=float, default=PrepareConfig.default_of("test_fraction"),
-                   help="share of rows in the test split (default %(default)s, as dataset.test_fraction)")
-    p.add_argument("--seed", type=int, default=PrepareConfig.default_of("seed"),
-                   help="seed of the train/test split (default %(default)s)")
-    p.add_argument("--max-prompt-tokens", type=int, default=PrepareConfig.default_of("max_prompt_tokens"),
-                   help="reject prompts estimated longer than this many T5 tokens (default %(default)s)")
-    p.set_defaults(func=cmd_prepare_dataset)
-
-    p = sub.add_parser("run", help="run the whole pipeline on this machine (--local)",
-                       description="Run the whole pipeline (prepare dataset -> deploy reward server -> train -> "
-                                   "evaluate -> register, then tear the reward server down) on this machine with "
-                                   "kfp.local: starts SeaweedFS (S3), an MLflow server on sqlite, the reward server "
-                                   "and a local Ray, prints each step with its duration, and stops them all at the "
-                                   "end or on Ctrl-C. State lives under --workdir; a second run reuses the "
-                                   "prepared dataset and `flowgrpo ui` serves what the runs logged.")
-    _add_config_args(p)
-    p.add_argument("--local", action="store_true", help="run here (the only mode; `submit` targets a cluster)")
-    p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"),
-                   help="where the S3 data, MLflow database, pipeline outputs and logs live (default ./.flowgrpo)")
-    p.add_argument("--ray-workers", type=int, default=1, metavar="N",
-                   help="Ray Train workers for the training step (default 1; 0 trains in the step's process)")
-    p.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT,
-                   help="the port `flowgrpo ui` serves on: the run's MLflow listens there too when it is free, so "
-                        "the links printed during the run keep working (default %(default)s)")
-    p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("ui", help="serve MLflow over the state of local runs",
-                       description="Start SeaweedFS and the MLflow UI over --workdir (what `run --local` left), "
-                                   "with the sample images and reports, until Ctrl-C, SIGTERM or SIGHUP, which stop "
-                                   "both. Prints the newest experiment's link, in MLflow's model-training view. One "
-                                   "`ui` or `run --local` uses a work directory at a time.")
-    p.add_argument("--workdir", type=Path, default=Path(".flowgrpo"), help="the local runs' work directory")
-    p.add_argument("--port", type=int, default=DEFAULT_UI_PORT, help="MLflow UI port (default %(default)s)")
-    p.set_defaults(func=cmd_ui)
-
-    p = sub.add_parser("replay-mlflow", help="log a finished run output into MLflow (after an outage)",
-                       description="Log what a training run left under its output (params from config.yaml, lineage "
-                                   "tags from run.json, metrics.jsonl with step = epoch, the samples/ grids, the "
-                                   "final lora/) as a new run in $MLFLOW_TRACKING_URI, as live tracking would have: "
-                                   "for runs made while MLflow was down or tracking was off. The LoRA is "
-                                   "registered as a new version of tracking.registered_model when the config names "
-                                   "one, else logged as artifacts. All or nothing: a replay that fails deletes the "
-                                   "run it made. An output already in the experiment is refused unless --force.")
-    p.add_argument("output", metavar="DIR_OR_S3_URI", help="the run output (`train --output`)")
-    p.add_argument("--experiment", default=None,
-                   help="MLflow experiment (default: the run's tracking.experiment)")
-    p.add_argument("--run-name", default=None, help="MLflow run name (default: the output's last path part)")
-    p.add_argument("--no-register", action="store_true",
-                   help="log the LoRA as artifacts instead of registering it in the Model Registry")
-    p.add_argument("--force", action="store_true",
-                   help="log another run even when the experiment already holds one for this output")
-    p.set_defaults(func=cmd_replay_mlflow)
-
-    p = sub.add_parser("compile", help="compile the Kubeflow pipeline to YAML",
-                       description="Compile the KFP v2 pipeline (with its kubernetes settings: Secrets as env, "
-                                   "timeouts, the GPU evaluation pod) for `kfp run create -f FILE`.")
-    p.add_argument("--output", type=Path, default=Path(__file__).with_name("flowgrpo_pipeline.yaml"),
-                   help="where to write (default: pipeline/flowgrpo_pipeline.yaml, the committed copy)")
-    p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
-    p.set_defaults(func=cmd_compile)
-
-    p = sub.add_parser("submit", help="start a pipeline run on a Kubeflow Pipelines endpoint",
-                       description="Compile the pipeline, upload it (once per content), create the experiment if "
-                                   "needed and start a run. The config is validated first. A bearer token, when "
-                                   "needed, comes from $KFP_TOKEN.")
-    p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://ml-pipeline-ui.kubeflow:80")
-    p.add_argument("--experiment", default="flowgrpo", help="KFP experiment (created when missing)")
-    p.add_argument("--run-name", default=None, help="run name (default flowgrpo-<timestamp>)")
-    p.add_argument("--namespace", default=None, help="Kubeflow profile namespace (multi-user installs)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE_OR_NAME",
-                   help="experiment YAML file (sent as its text) or the name of a shipped config (sent as the "
-                        "name) for the pipeline's `config` parameter (else config=NAME_OR_TEXT, else "
-                        f"{DEFAULT_CONFIG.stem})")
-    p.add_argument("--eval-gpus", type=int, default=1, help="GPUs of the evaluation pod (0: CPU; default 1)")
-    p.add_argument("--service-account", default=PIPELINE_SERVICE_ACCOUNT,
-                   help=f"Kubernetes service account the step pods run as (default {PIPELINE_SERVICE_ACCOUNT}, "
-                        "from manifests/base: the Role the steps need and nothing more)")
-    p.add_argument("arguments", nargs="*", metavar="key=value",
-                   help="pipeline parameters: config, overrides (a YAML/JSON list), storage_root, ray_workers")
-    p.set_defaults(func=cmd_submit)
+    for c in COMMANDS:
+        p = sub.add_parser(c.name, help=c.help, description=c.description)
+        c.add_arguments(p)
+        p.set_defaults(func=c.run)
     return parser
 
 

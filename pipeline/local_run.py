@@ -20,7 +20,6 @@ state lives under the work directory, so a second run reuses the cached dataset 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import os
@@ -29,7 +28,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -41,6 +39,7 @@ from components.console import status_line
 from components.errors import FlowGRPOError
 from components.launch.process import LEASES_DIR, Lease, ProcessRef, port_is_free, reap_leases
 from pipeline.config import ExperimentConfig, dump_config
+from pipeline.kfp_local_patch import following_tasks
 from pipeline.single_instance import holding_workdir, is_held_here, stopping_on_signals
 
 BUCKET = "flowgrpo"
@@ -90,7 +89,7 @@ class _Progress:
     kfp's own chatter (executor input JSON, output listings, tracebacks) stays in the log.
 
     Which step runs, whether it succeeded and whether the cache answered for it come as calls to
-    ``task_started``, ``task_cached`` and ``task_finished`` (see ``_kfp_task_events``), never from kfp's log text;
+    ``task_started``, ``task_cached`` and ``task_finished`` (pipeline.kfp_local_patch), never from kfp's log text;
     what comes through ``write`` is only text, and only a running step's own output is shown."""
 
     def __init__(self, log_path: Path, terminal) -> None:
@@ -247,56 +246,6 @@ def _stop_descendants(before: set[int], grace_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def _kfp_task_events(progress: _Progress) -> Iterator[None]:
-    """Tell ``progress`` when each kfp.local task starts, ends (and how) or is answered by the cache.
-
-    kfp.local reports these only as log text (f-strings with ANSI colours: no record args to read), so the
-    events come from the two calls of kfp.local's that they are about, wrapped while the pipeline runs:
-
-    - ``task_executor.execute_single_task(task_name=...)``, which both of kfp.local's DAG orchestrators call
-      for every task (the exit handler's too) and which owns the cache lookup and the retries: it gives the
-      task's name and returns its ``Status``; a task that succeeded without starting a step process was
-      answered by the cache (the pipeline has no importer tasks);
-    - ``SubprocessTaskHandler.run``, the step's process itself: its start and end bracket the step's own
-      output, and it returns the attempt's ``Status`` (one ▶ line per attempt when a step is retried).
-
-    Both are kfp internals, as the log wording is, but a renamed one fails the run at once (below), where a
-    reworded log line would silently show no progress; kfp is pinned to 2.17.x (pyproject.toml). Events the
-    steps wrote themselves would miss cache hits (no step runs) and steps killed before they could write."""
-    import kfp
-    from kfp.local import status, subprocess_task_handler
-    from kfp.local.orchestrator import task_executor
-
-    handler = subprocess_task_handler.SubprocessTaskHandler
-    execute, run = getattr(task_executor, "execute_single_task", None), getattr(handler, "run", None)
-    if execute is None or run is None:
-        raise LocalRunError(f"kfp {kfp.__version__}: kfp.local has no task_executor.execute_single_task or "
-                            "SubprocessTaskHandler.run, which pipeline/local_run.py follows steps by")
-    bind = inspect.signature(execute).bind
-    current = threading.local()  # kfp.local runs a ParallelFor's iterations in threads
-
-    def execute_single_task(*args, **kwargs):
-        current.task, current.ran = bind(*args, **kwargs).arguments["task_name"], False
-        outputs, task_status = execute(*args, **kwargs)
-        if task_status == status.Status.SUCCESS and not current.ran:
-            progress.task_cached(current.task)
-        return outputs, task_status
-
-    def run_step(self):
-        name, current.ran = getattr(current, "task", "step"), True
-        progress.task_started(name)
-        task_status = run(self)  # an exception (Ctrl-C) ends no step: nothing is shown for it
-        progress.task_finished(name, task_status == status.Status.SUCCESS)
-        return task_status
-
-    task_executor.execute_single_task, handler.run = execute_single_task, run_step
-    try:
-        yield
-    finally:
-        task_executor.execute_single_task, handler.run = execute, run
-
-
-@contextlib.contextmanager
 def _kfp_records_to_log(progress: _Progress) -> Iterator[None]:
     """kfp.local logs some records (a cache hit, a skipped task, the workspace cleaned up) on the root logger
     outside its own log handler, so by default they are dropped: keep them in the run's log file (only)."""
@@ -321,7 +270,7 @@ def _kfp_records_to_log(progress: _Progress) -> Iterator[None]:
 def _following_kfp_local(progress: _Progress) -> Iterator[None]:
     """While kfp.local runs a pipeline: its output (the steps' included) into ``progress``, its task events
     to ``progress``'s calls."""
-    with contextlib.redirect_stdout(progress), _kfp_task_events(progress), _kfp_records_to_log(progress):
+    with contextlib.redirect_stdout(progress), following_tasks(progress), _kfp_records_to_log(progress):
         yield
 
 

@@ -28,6 +28,7 @@ from components.flowgrpo.metrics import finite_or_none
 from components.models.generate import generate, load_with_lora
 from components.rewards.config import RewardSpec
 from components.rewards.scoring import RewardSet
+from components.trainer.algorithms import algorithm_name
 from components.trainer.config import TrainingJobConfig
 
 EVAL_FILE = "eval.json"
@@ -186,6 +187,11 @@ def sample_and_score(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: 
     return results
 
 
+def report_title(config: TrainingJobConfig, lora: str) -> str:
+    """Names the algorithm the LoRA was trained with (train.algorithm)."""
+    return f"{algorithm_name(config)} evaluation: {lora}"
+
+
 def evaluate(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: EvalConfig, lora: str, output: Path, *,
              history: list[dict] | None = None, log: Callable[[str], None] = status_line) -> EvalResult:
     """Evaluate the LoRA at ``lora`` (a diffusers-format directory or ``s3://`` prefix) against the base model,
@@ -218,5 +224,5 @@ def evaluate(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: EvalConf
     output.mkdir(parents=True, exist_ok=True)
     eval_path, report_path = output / EVAL_FILE, output / REPORT_FILE
     eval_path.write_text(json.dumps(finite_or_none(summary), indent=1, allow_nan=False))
-    report_path.write_text(render_report(summary, prompts, history, title=f"FlowGRPO evaluation: {lora}"))
+    report_path.write_text(render_report(summary, prompts, history, title=report_title(config, lora)))
     return EvalResult(summary, prompts, eval_path, report_path)

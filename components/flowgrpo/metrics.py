@@ -6,6 +6,8 @@ import json
 import math
 import re
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +56,29 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def progress_line(row: dict, total_epochs: int, eta_seconds: float, first_mean: float | None = None) -> str:
+class EpochEta:
+    """The time a run has left, from the mean of its epochs after the first this process runs: that one also
+    loads the model, compiles and samples the base model's grid, and made the first estimates many times too long
+    (71 min said after epoch 1 of a 5-minute run)."""
+
+    def __init__(self, total_epochs: int, first_epoch: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total, self.first, self.clock = total_epochs, first_epoch, clock
+        self.warm: float | None = None  # when the warm-up epoch ended
+
+    def after(self, epoch: int) -> float | None:
+        """Seconds left once ``epoch`` has ended; None after the warm-up epoch when more follow (unknown yet)."""
+        now = self.clock()
+        if self.warm is None:
+            self.warm = now
+            return 0.0 if epoch >= self.total else None
+        return (now - self.warm) / (epoch - self.first - 1) * (self.total - epoch)
+
+
+def progress_line(row: dict, total_epochs: int, eta_seconds: float | None, first_mean: float | None = None) -> str:
     """One epoch's line: the signals that move (the reward and its change since the first epoch, the held-out
     reward when the epoch sampled it, the advantages' size, the gradient norm); clipping and KL only when they
-    act, the loss never (with group-normalised advantages it is ~0 by construction)."""
+    act, the loss never (with group-normalised advantages it is ~0 by construction). ``eta_seconds`` None: the
+    epoch warmed up, the estimate comes with the next one."""
     def f(key: str, fmt: str = ".4g") -> str:
         value = row.get(key)
         return "n/a" if value is None or not math.isfinite(value) else format(value, fmt)
@@ -71,11 +92,12 @@ def progress_line(row: dict, total_epochs: int, eta_seconds: float, first_mean: 
     acting = "".join(f" {name} {f(key, fmt)}" for name, key, fmt in (("clipfrac", "clipfrac", ".3f"),
                                                                      ("kl", "kl", ".3g"))
                      if (row.get(key) or 0) > 0)
+    eta = f"eta after epoch {row['epoch'] + 1}" if eta_seconds is None else f"eta {_duration(eta_seconds)}"
     return (
         f"epoch {row['epoch']}/{total_epochs} reward {f('reward/mean', '.3f')} ± {f('reward/std', '.3g')}{change}"
         f"{failures}{heldout} | |adv| {f('update/advantage_abs_mean', '.3g')} grad {f('grad_norm', '.3g')}{acting}"
         f" | {f('images_per_s', '.1f')} img/s | sample {f('time/sampling', '.2f')}s"
-        f" score {f('time/scoring', '.2f')}s train {f('time/training', '.2f')}s | eta {_duration(eta_seconds)}"
+        f" score {f('time/scoring', '.2f')}s train {f('time/training', '.2f')}s | {eta}"
     )
 
 

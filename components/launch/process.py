@@ -21,12 +21,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from components.errors import FlowGRPOError
+from components.polling import Polls
 
 STOP_GRACE_S = 10.0
 TAIL_LINES = 20
@@ -195,9 +195,9 @@ def stop_group(pid: int, alive: Callable[[], bool], grace_s: float = STOP_GRACE_
             return True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        for _ in Polls(grace_s, 0.05):
+            if not alive():
+                break
     return not alive()
 
 
@@ -213,13 +213,13 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
     ``start_detached``; released once the group is stopped."""
     proc = start_detached(args, log_path=log_path, env=env, cwd=cwd, lease=lease)
     try:
-        deadline = time.monotonic() + timeout_s
-        while not (ready() and (port is None or listens_on(proc.pid, port))):
-            problem = (f"exited with {proc.returncode}" if proc.poll() is not None
-                       else f"was not ready within {timeout_s:g} s" if time.monotonic() > deadline else None)
-            if problem:
-                raise ServiceError(f"{what} {problem}; the end of {log_path}:\n{log_tail(log_path)}")
-            time.sleep(0.2)
+        for _ in Polls(timeout_s, 0.2):
+            if ready() and (port is None or listens_on(proc.pid, port)):
+                break
+            if proc.poll() is not None:
+                raise ServiceError(f"{what} exited with {proc.returncode}; {_log_end(log_path)}")
+        else:
+            raise ServiceError(f"{what} was not ready within {timeout_s:g} s; {_log_end(log_path)}")
         yield proc
     finally:
         stop_group(proc.pid, lambda: proc.poll() is None)
@@ -228,6 +228,10 @@ def running_process(args: list[str], *, cwd: Path, env: dict[str, str], log_path
             os.killpg(proc.pid, signal.SIGKILL)
         if lease is not None:
             lease.release()
+
+
+def _log_end(log_path: Path) -> str:
+    return f"the end of {log_path}:\n{log_tail(log_path)}"
 
 
 def listens_on(pid: int, port: int) -> bool:

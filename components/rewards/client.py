@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from components.console import status_line
 from components.errors import RewardError
+from components.polling import Polls
 from components.rewards.base import RewardOutput
 from components.rewards.codec import encode_raw_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
@@ -83,22 +83,25 @@ class RemoteRewardSet:
         """``request``, failed once the server has not answered /healthz for the retry window, counted from the
         first probe it did not answer (not from the last it did, which may be a probe interval earlier)."""
         task = asyncio.ensure_future(request)
+
+        async def answered(seconds: float) -> bool:
+            done, _ = await asyncio.wait({task}, timeout=seconds)
+            return bool(done)
+
         window, down_since = self.config.retry_window_s, None
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=self._probe_interval)
-            if done:
-                return task.result()
-            probed = time.monotonic()
+        probes = Polls(None, self._probe_interval, wait=answered, wait_first=True)
+        async for probed in probes:
             if await self._alive():
                 down_since = None
             elif down_since is None:
                 down_since = probed
-            elif time.monotonic() - down_since >= window:
+            elif probes.elapsed() - down_since >= window:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
                 raise RewardError(f"reward server {url}: no answer to /healthz for {window:g} s "
                                   "(reward_server.retry_window_s): the server is frozen or unreachable")
+        return task.result()
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         url = f"{self.url}{path}"

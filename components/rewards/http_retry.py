@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
+import math
 import time
 from collections.abc import Awaitable, Callable
 
 import httpx
+
+from components.polling import backoff
 
 EXCERPT = 300
 MAX_RETRY_AFTER_S = 60.0  # a server asking for a longer pause is treated as failing
@@ -52,13 +54,13 @@ async def send_with_retries(
         raise ValueError("send_with_retries needs retries or window_s")
     problem, asked, first_failure = "", 0.0, 0.0
     attempt, last = 0, False
+    pauses = backoff(backoff_s, cap_s=math.inf if window_s is None else MAX_BACKOFF_S, jitter=0.5)
     while True:
         if attempt:
             if last or (retries is not None and attempt > retries):
                 break
-            pause = max(asked, backoff_s * 2 ** min(attempt - 1, 30) * random.uniform(0.5, 1.5))
+            pause = max(asked, next(pauses))
             if window_s is not None:
-                pause = max(asked, min(pause, MAX_BACKOFF_S))
                 left = window_s - (time.monotonic() - first_failure)
                 if left <= 0:  # the window ended during the last attempt
                     break

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from components import environ
+from components.polling import Polls, backoff
 from components.tracking.params import redact, short_error
 from components.tracking.server import (
     PIPELINE_RUN_TAG,
@@ -36,6 +37,7 @@ SAMPLE_VIDEOS_DIR = f"{SAMPLES_KEY}/videos"  # a video model's animated samples,
 # a server never reached during the run gets this long at close (one more try, woken by close), not the flush
 # timeout: waiting two minutes for a server that never answered loses the user time and saves nothing
 NEVER_REACHED_GRACE_S = 5.0
+FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 _PERMANENT_CODES = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
                     "BAD_REQUEST", "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
@@ -132,7 +134,7 @@ class MlflowTracker(NullTracker):
             self._cond.notify()
 
     def _work(self) -> None:
-        backoff = 1.0
+        pauses = backoff(FIRST_BACKOFF_S, cap_s=MAX_BACKOFF_S)
         failing_since: float | None = None
         while True:
             with self._cond:
@@ -154,8 +156,7 @@ class MlflowTracker(NullTracker):
                     self.log(f"MLflow at {self.uri} unreachable ({short_error(exc)}); buffering "
                              f"{len(self._queue)} item(s) and retrying; training goes on")
                 with self._cond:
-                    self._cond.wait(timeout=backoff)  # close() wakes us to retry at once
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                    self._cond.wait(timeout=next(pauses))  # close() wakes us to retry at once
                 continue
             self._reached.set()
             with self._cond:
@@ -163,7 +164,7 @@ class MlflowTracker(NullTracker):
             if failing_since is not None:
                 self.log(f"MLflow at {self.uri} reachable again after {time.monotonic() - failing_since:.0f}s; "
                          f"sending {len(self._queue)} buffered item(s)")
-                failing_since, backoff = None, 1.0
+                failing_since, pauses = None, backoff(FIRST_BACKOFF_S, cap_s=MAX_BACKOFF_S)
 
     def _drop(self, op: _Op, exc: BaseException) -> None:
         with self._cond:
@@ -271,10 +272,8 @@ class MlflowTracker(NullTracker):
             self._closing = True
             self._cond.notify()
         timeout = environ.FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S.value()
-        start = time.monotonic()
-        while not self._idle.wait(0.1):
-            waited = time.monotonic() - start
-            if waited >= timeout or (not self._reached.is_set() and waited >= NEVER_REACHED_GRACE_S):
+        for waited in Polls(timeout, 0.1, wait=self._idle.wait, wait_first=True):
+            if not self._reached.is_set() and waited >= NEVER_REACHED_GRACE_S:
                 break
         if self._monitor is not None:
             self._monitor.finish()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 
@@ -24,6 +25,8 @@ Update = tuple[dict[str, float], int]
 class Algorithm(ABC):
     """One run's algorithm: built once with the model and its LoRA parameters, asked each epoch how to sample and
     to update; its own state (beyond the LoRA, optimizer and EMA) goes into the checkpoints."""
+
+    name: ClassVar[str]  # as people know it: titles of what the run produced (the evaluation report)
 
     def __init__(self, config: TrainingJobConfig, model: FlowMatchingModel, params: list[torch.nn.Parameter]) -> None:
         self.config, self.model, self.params = config, model, params
@@ -66,6 +69,8 @@ class FlowGRPO(Algorithm):
     """FlowGRPO: rollouts with SDE steps sampled by the trained weights, the clipped policy gradient on their
     stored transitions."""
 
+    name = "FlowGRPO"
+
     def sampler_settings(self, generator: torch.Generator) -> SamplerSettings:
         s = self.config.sampling
         window = None
@@ -93,6 +98,8 @@ class FlowGRPO(Algorithm):
 class DiffusionNFT(Algorithm):
     """DiffusionNFT: ODE rollouts sampled by the old policy, flow matching on their clean latents between the
     implicit positive and negative policies; the old policy follows the trained one softly after each epoch."""
+
+    name = "DiffusionNFT"
 
     def __init__(self, config: TrainingJobConfig, model: FlowMatchingModel, params: list[torch.nn.Parameter]) -> None:
         super().__init__(config, model, params)
@@ -128,6 +135,10 @@ class DiffusionNFT(Algorithm):
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {"flow_grpo": FlowGRPO, "diffusion_nft": DiffusionNFT}
+
+
+def algorithm_name(config: TrainingJobConfig) -> str:
+    return ALGORITHMS[config.train.algorithm].name
 
 
 def build_algorithm(config: TrainingJobConfig, model: FlowMatchingModel,

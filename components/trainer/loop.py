@@ -19,7 +19,7 @@ from components.dataset.prompts import PromptRow, held_out_rows, load_prompt_row
 from components.errors import CheckpointError, ConfigError
 from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.flowgrpo.ema import LoRAEMA
-from components.flowgrpo.metrics import MetricsFile, learning_summary, progress_line
+from components.flowgrpo.metrics import EpochEta, MetricsFile, learning_summary, progress_line
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import ode_images, sample_rollout
 from components.models.base import FlowMatchingModel, PromptEmbeddings
@@ -431,8 +431,7 @@ class Trainer:
         total = cfg.train.epochs
         if self.epoch >= total and main:
             self.log(f"nothing to do: {self.epoch} of {total} epochs already done")
-        started = time.perf_counter()
-        first_epoch = self.epoch
+        eta = EpochEta(total, self.epoch)
         try:
             # the base model (the LoRA starts at zero): the first row carries it as heldout/<reward>/base
             base = self.show_samples() if self.epoch == 0 and self._sample_epoch(0) and total else {}
@@ -449,9 +448,8 @@ class Trainer:
                 self.output.publish(METRICS_FILE)
                 if self.epoch > self.tracked_through:  # a resumed run recomputes the epochs since its checkpoint
                     self.tracker.log_metrics(row, step=self.epoch)
-                rate = (time.perf_counter() - started) / (self.epoch - first_epoch)
                 first_mean = row["reward/mean"] if self.epoch == 1 else first_mean
-                self.log(progress_line(row, total, rate * (total - self.epoch), first_mean))
+                self.log(progress_line(row, total, eta.after(self.epoch), first_mean))
                 if self.epoch % cfg.train.checkpoint_every == 0 or self.epoch == total:
                     self.save_checkpoint()
         finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.launch.process import Lease, free_ports, port_is_free, running_process, venv_binary
+from components.polling import Polls
 
 # The admin gRPC port is fixed relative to the admin http port inside weed.
 ADMIN_GRPC_OFFSET = 10000
@@ -109,11 +109,11 @@ def running_seaweed(workdir: Path, bucket: str = "flowgrpo-test", timeout_s: flo
     env.pop("S3_BUCKET", None)
     with running_process(args, cwd=workdir, env=env, log_path=workdir / "weed.out", what="weed mini (SeaweedFS S3)",
                          ready=lambda: _s3_answers(server.endpoint), timeout_s=timeout_s, port=s3, lease=lease):
-        _wait_bucket(server, time.monotonic() + timeout_s)
+        _wait_bucket(server, timeout_s)
         yield server
 
 
-def _wait_bucket(server: SeaweedS3, deadline: float) -> None:
+def _wait_bucket(server: SeaweedS3, timeout_s: float) -> None:
     # S3 can answer before the startup bucket exists; wait for it so the first test does not race.
     import boto3
     from botocore.config import Config
@@ -121,11 +121,10 @@ def _wait_bucket(server: SeaweedS3, deadline: float) -> None:
     client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=server.access_key,
                           aws_secret_access_key=server.secret_key, region_name=server.region,
                           config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
-    while True:
+    for _ in Polls(timeout_s, 0.2):
         try:
             client.head_bucket(Bucket=server.bucket)
             return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+        except Exception as exc:
+            last = exc
+    raise last

@@ -174,3 +174,13 @@ def test_a_ci_over_enough_prompts_is_not_flagged_but_a_reward_that_failed_on_hal
 def test_no_interval_no_few_prompts_warning():
     rows = summarize(_prompts(3, failed_for={"ocr"})[1:2], ["ocr"], EvalConfig(bootstrap_samples=200))
     assert rows["ocr"]["n"] == 0 and few_prompts_warnings(rows) == []  # the report shows the reward failed
+
+
+@pytest.mark.parametrize(("algorithm", "title"), [("flow_grpo", "FlowGRPO evaluation: s3://b/run/lora"),
+                                                   ("diffusion_nft", "DiffusionNFT evaluation: s3://b/run/lora")])
+def test_the_report_is_titled_with_the_runs_algorithm(algorithm, title):
+    from components.evaluate.evaluate import report_title
+    from pipeline.config import load_config
+
+    config = load_config("tiny-cpu", [f"train.algorithm={algorithm}"])
+    assert report_title(config, "s3://b/run/lora") == title

@@ -2,6 +2,7 @@
 its process group outlives the context."""
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -211,3 +212,27 @@ def test_reap_leases_stops_leftovers_of_a_dead_owner_and_nothing_else(tmp_path):
         for proc in (kept, left):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_readiness_is_polled_every_0_2_s_up_to_the_bound(tmp_path):
+    args = [sys.executable, "-c", "import time; time.sleep(60)"]
+    asked = []
+    with pytest.raises(ServiceError, match=r"not ready within 0\.5 s"):
+        with running_process(args, cwd=tmp_path, env=dict(os.environ), log_path=tmp_path / "demo.out", what="demo",
+                             ready=lambda: asked.append(time.monotonic()) and False, timeout_s=0.5):
+            pass
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert asked[-1] - asked[0] >= 0.45  # not given up before the bound: the last look is past it
+    assert 3 <= len(asked) <= 4 and all(gap >= 0.19 for gap in gaps), gaps
+
+
+def test_a_group_that_ignores_sigterm_gets_its_grace_then_sigkill(tmp_path):
+    from components.launch.process import stop_group
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline() == "up\n"  # SIGTERM is ignored from here on
+    started = time.monotonic()
+    assert stop_group(proc.pid, lambda: proc.poll() is None, grace_s=0.5)
+    took = time.monotonic() - started
+    assert proc.returncode == -9 and 0.5 <= took < 3.0, (proc.returncode, took)

@@ -6,7 +6,14 @@ import math
 import numpy as np
 import pytest
 
-from components.flowgrpo.metrics import MetricsFile, describe_learning, learning_summary, progress_line, reward_trend
+from components.flowgrpo.metrics import (
+    EpochEta,
+    MetricsFile,
+    describe_learning,
+    learning_summary,
+    progress_line,
+    reward_trend,
+)
 
 
 def test_progress_line_shows_failures_and_missing_values():
@@ -17,6 +24,24 @@ def test_progress_line_shows_failures_and_missing_values():
     assert line.startswith("epoch 2/5 reward n/a ± n/a (25% of samples failed a reward)")
     assert "eta 1m15s" in line
     assert "failed" not in progress_line({**row, "failed_fraction": 0.0, "reward/mean": 0.5}, 5, 1)
+
+
+def _eta_lines(clock_at_ends: list[float], total: int, first_epoch: int = 0) -> list[float | None]:
+    times = iter([0.0, *clock_at_ends])  # the clock when the estimator starts, then at each epoch's end
+    eta = EpochEta(total, first_epoch, clock=lambda: next(times))
+    next(times)
+    return [eta.after(first_epoch + i + 1) for i in range(len(clock_at_ends))]
+
+
+def test_the_warm_up_epoch_gives_no_eta_and_counts_in_none():
+    # epoch 1 takes 300 s (model load, compile, the base grid), the next ones 10, 10, 16 s: 20 epochs in all
+    assert _eta_lines([300, 310, 320, 336], total=20) == [None, 10 * 18, 10 * 17, 12 * 16]
+    # a resumed run warms up again, on its first epoch after the checkpoint
+    assert _eta_lines([200, 205, 215], total=10, first_epoch=6) == [None, 5 * 2, 7.5 * 1]
+    assert _eta_lines([300], total=1) == [0.0]  # a one-epoch run: nothing left
+    row = {"epoch": 1, "reward/mean": 0.5}
+    assert progress_line(row, 20, None).endswith("| eta after epoch 2")
+    assert progress_line({**row, "epoch": 2}, 20, 180.0).endswith("| eta 3m00s")
 
 
 def test_metrics_file_writes_strict_json_and_truncates_on_resume(tmp_path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from components.launch.kubernetes.api import (
     clock,
     unreachable,
 )
+from components.polling import Polls
 
 # The manifest an object was created from, hashed: a 409 on create compares this instead of the stored spec,
 # which the API server has filled with defaults.
@@ -192,12 +192,10 @@ def wait_deployment_ready(name: str, namespace: str, *, timeout_s: float, poll_s
     """
     api = api or api_client_for()
     where = f"Deployment {namespace}/{name}"
-    start = time.monotonic()
-    last, last_line = "nothing (no answer from the API yet)", start
+    last, last_line = "nothing (no answer from the API yet)", 0.0
     trouble = Trouble(where, log)
     unschedulable: dict[str, float] = {}  # pod -> when first seen Unschedulable
-    while True:
-        now = time.monotonic()
+    for now in Polls(timeout_s, poll_s):  # seconds since the polls began
         try:
             deployment = _request(api, DEPLOYMENT, "get", namespace, name) or {}
             selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
@@ -208,7 +206,7 @@ def wait_deployment_ready(name: str, namespace: str, *, timeout_s: float, poll_s
         else:
             done, state = _rollout(deployment)
             if done:
-                log(f"{where} ready ({state}) after {clock(now - start)}")
+                log(f"{where} ready ({state}) after {clock(now)}")
                 return
             for pod in pods:
                 problem = _pod_problem(pod, config_key)
@@ -221,9 +219,7 @@ def wait_deployment_ready(name: str, namespace: str, *, timeout_s: float, poll_s
                 raise DeploymentFailed(f"{where}: pod {pod_name} {problem[0]}: {problem[1]}", pod_name, problem[0])
             seen = f"{state}; pods: {', '.join(_pod_state(p) for p in pods) or 'none yet'}"
             if seen != last or now - last_line >= heartbeat_s:
-                log(f"{where}: {'still ' if seen == last else ''}{seen} after {clock(now - start)}")
+                log(f"{where}: {'still ' if seen == last else ''}{seen} after {clock(now)}")
                 last, last_line = seen, now
-        if now - start >= timeout_s:
-            raise LaunchError(f"{where} not ready after {clock(timeout_s)}; last seen: {last}. Look at kubectl "
-                              f"describe deployment -n {namespace} {name} and its pods' events")
-        time.sleep(poll_s)
+    raise LaunchError(f"{where} not ready after {clock(timeout_s)}; last seen: {last}. Look at kubectl "
+                      f"describe deployment -n {namespace} {name} and its pods' events")

@@ -33,6 +33,7 @@ from components.launch.kubernetes.api import (
 )
 from components.launch.kubernetes.deployments import apply_objects
 from components.launch.kubernetes.rayjob_manifest import build_network_policy
+from components.polling import Polls
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
 RESOURCE = f"{PLURAL}.{GROUP}"
@@ -174,12 +175,11 @@ def _outcome(result: RayJobResult, log: Callable[[str], None]) -> RayJobResult:
 def _follow(api: client.CustomObjectsApi, namespace: str, name: str, *, timeout_s: float | None, poll_s: float,
             heartbeat_s: float, log: Callable[[str], None], stop: threading.Event | None,
             cancel_mode: CancelMode) -> RayJobResult:
-    start = time.monotonic()
     last: tuple[str, str] | None = None
-    last_line = start
+    last_line = 0.0
     trouble = Trouble(f"RayJob {namespace}/{name}", log)
-    while True:
-        now = time.monotonic()
+    polls = Polls(timeout_s, poll_s, wait=time.sleep if stop is None else stop.wait)
+    for now in polls:  # seconds since the polls began
         status: dict[str, Any] | None = None
         try:
             status = _get(api, namespace, name).get("status") or {}
@@ -194,25 +194,22 @@ def _follow(api: client.CustomObjectsApi, namespace: str, name: str, *, timeout_
             state = (status.get("jobDeploymentStatus") or "New", status.get("jobStatus") or "-")
             if state != last or now - last_line >= heartbeat_s:
                 still = "still " if state == last else ""
-                log(f"RayJob {namespace}/{name}: {still}{state[0]} (Ray job {state[1]}) after {clock(now - start)}")
+                log(f"RayJob {namespace}/{name}: {still}{state[0]} (Ray job {state[1]}) after {clock(now)}")
                 last, last_line = state, now
             if state[0] in TERMINAL:
                 return _outcome(RayJobResult(
                     name=name, namespace=namespace, deployment_status=state[0],
                     job_status=status.get("jobStatus") or "",
                     reason=status.get("reason") or "", message=status.get("message") or "",
-                    elapsed_s=now - start, dashboard_url=status.get("dashboardURL") or "",
+                    elapsed_s=now, dashboard_url=status.get("dashboardURL") or "",
                 ), log)
-        if timeout_s is not None and now - start >= timeout_s:
-            raise LaunchError(f"RayJob {namespace}/{name} is still {last[0] if last else 'unknown'} after "
-                              f"{clock(timeout_s)}; it keeps running on the cluster: kubectl get rayjob -n "
-                              f"{namespace} {name} (or kubectl delete rayjob -n {namespace} {name})")
-        if stop is not None and stop.wait(poll_s):
-            cancel_rayjob(name, namespace, cancel_mode, api=api)
-            raise RayJobCancelled(f"RayJob {namespace}/{name} stopped on request and "
-                                  f"{'deleted' if cancel_mode == 'delete' else 'suspended'}")
-        if stop is None:
-            time.sleep(poll_s)
+    if polls.woken:  # ``stop`` was set
+        cancel_rayjob(name, namespace, cancel_mode, api=api)
+        raise RayJobCancelled(f"RayJob {namespace}/{name} stopped on request and "
+                              f"{'deleted' if cancel_mode == 'delete' else 'suspended'}")
+    raise LaunchError(f"RayJob {namespace}/{name} is still {last[0] if last else 'unknown'} after "
+                      f"{clock(timeout_s)}; it keeps running on the cluster: kubectl get rayjob -n "
+                      f"{namespace} {name} (or kubectl delete rayjob -n {namespace} {name})")
 
 
 def submit_rayjob(manifest: dict[str, Any], *, timeout_s: float | None = None, poll_s: float = 10.0,
