@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 from kube_emulator import outcome, serve
 
 from components.errors import LaunchError
-from components.launch.kubernetes import rayjobs as kube
+from components.launch.kubernetes import rayjob_client as kube
 from components.launch.kubernetes.rayjob_manifest import build_network_policy, build_rayjob
 from pipeline.config import TINY_CONFIG, load_config
 

@@ -22,10 +22,10 @@ from k8s_manifests import MANIFESTS, kustomize
 from kmock import resource
 from kube_emulator import api_calls, outcome, rbac_verb, serve
 
-from components.launch.kubernetes import rayjobs
-from components.launch.kubernetes.deployments import BUILTIN
+from components.launch.kubernetes import rayjob_client
+from components.launch.kubernetes.objects_client import BUILTIN
+from components.launch.kubernetes.rayjob_client import RAYJOB
 from components.launch.kubernetes.rayjob_manifest import build_rayjob
-from components.launch.kubernetes.rayjobs import RAYJOB
 from components.launch.kubernetes.reward_deploy import deploy_to_kubernetes, reward_server_name, teardown_kubernetes
 from pipeline.config import TINY_CONFIG, load_config
 
@@ -68,8 +68,8 @@ async def _exercise_every_code_path(kmock) -> list:
 
     def submit(run_id: str, **kwargs):
         manifest = build_rayjob(load_config(TINY_CONFIG), run_id=run_id, output=f"s3://flowgrpo/runs/{run_id}")
-        return rayjobs.submit_rayjob(manifest, api=rayjobs.client_for(url), poll_s=POLL_S, timeout_s=15, log=log,
-                                     **kwargs)
+        return rayjob_client.submit_rayjob(manifest, api=rayjob_client.client_for(url), poll_s=POLL_S, timeout_s=15,
+                                           log=log, **kwargs)
 
     def stopped() -> threading.Event:
         event = threading.Event()

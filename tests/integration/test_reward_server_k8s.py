@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers
 from kube_emulator import RESOURCES, outcome, serve
 
 from components.errors import LaunchError
-from components.launch.kubernetes import deployments as kube
+from components.launch.kubernetes import objects_client as kube
 from components.launch.kubernetes.reward_deploy import (
     deploy_to_kubernetes,
     judge_name,

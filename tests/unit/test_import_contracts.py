@@ -26,7 +26,7 @@ PROBES = {
     "mlflow only in components.tracking and components.registry": (
         {"components/dataset/mlflow_probe.py": "import mlflow\n"},
         "components.dataset.mlflow_probe -> mlflow"),
-    "the Kubernetes client only in the Kubernetes launcher's client modules (api, rayjobs, deployments)": (
+    "the Kubernetes client only in the Kubernetes launcher's client modules (api, rayjob_client, objects_client)": (
         {"components/launch/kubernetes/client_probe.py": "from kubernetes import client\n"},
         "components.launch.kubernetes.client_probe -> kubernetes"),
     "the layers of components/ (docs/DESIGN.md): launch over the stages over the algorithm over models, data, "

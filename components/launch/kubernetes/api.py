@@ -1,4 +1,4 @@
-"""The Kubernetes client, shared by the RayJob (rayjobs.py) and the reward server's objects (deployments.py):
+"""The Kubernetes client, shared by the RayJob (rayjob_client.py) and the reward server's objects (objects_client.py):
 credentials, API errors a user can act on, and transient trouble waited out. With those two, the only modules
 that import ``kubernetes``.
 """

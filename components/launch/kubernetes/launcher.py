@@ -34,7 +34,7 @@ class KubernetesLauncher:
               log: Log = status_line) -> None:
         """Submit the run's RayJob (``cluster.workers.replicas`` workers; ``workers`` is for local runs) and
         follow it to its end; a resubmitted one with the same name is followed, not duplicated."""
-        from components.launch.kubernetes.rayjobs import client_for, submit_rayjob
+        from components.launch.kubernetes.rayjob_client import client_for, submit_rayjob
 
         manifest = build_rayjob(config, run_id=run_id, output=output, parent_run_id=parent_run_id)
         submit_rayjob(manifest, timeout_s=config.cluster.active_deadline_seconds, log=log, api=client_for(self.host))

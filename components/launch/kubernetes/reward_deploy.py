@@ -1,4 +1,4 @@
-"""A run's reward server on Kubernetes, as plain data, and its deploy / teardown (through deployments.py).
+"""A run's reward server on Kubernetes, as plain data, and its deploy / teardown (through objects_client.py).
 
 The server serves the experiment's training rewards (``rewards:``): the trainer is its only client, and the
 evaluation step scores in its own process with ``eval_rewards``. Every name derives from the run id alone, so the
@@ -265,9 +265,9 @@ def deploy_to_kubernetes(config: DeployableConfig, *, name: str, namespace: str,
     they are ready, and return the server's in-cluster URL. ``host``: an API server URL without credentials
     (``kubectl proxy``, tests); default the in-cluster service account or the kubeconfig.
 
-    Raises ``deployments.DeploymentFailed`` naming the pod and reason, ``LaunchError`` on a timeout; the objects stay
+    Raises ``objects_client.DeploymentFailed`` naming the pod and reason, ``LaunchError`` on a timeout; the objects stay
     for inspection until ``teardown_kubernetes``."""
-    from components.launch.kubernetes import deployments as kube  # the client: only where a cluster is used
+    from components.launch.kubernetes import objects_client as kube  # the client: only where a cluster is used
 
     objects = build_reward_server_objects(config, name=name, namespace=namespace, run_id=run_id)
     api = kube.api_client_for(host)
@@ -287,7 +287,7 @@ def deploy_to_kubernetes(config: DeployableConfig, *, name: str, namespace: str,
 def teardown_kubernetes(name: str, namespace: str, log: Callable[[str], None] = status_line,
                         host: str | None = None) -> None:
     """Delete the reward server ``name`` and its judge; what is already gone (or never was) is fine."""
-    from components.launch.kubernetes import deployments as kube
+    from components.launch.kubernetes import objects_client as kube
 
     objects = [("Deployment", name), ("Service", name), ("ConfigMap", name), ("NetworkPolicy", name),
                ("Deployment", judge_name(name)), ("Service", judge_name(name)), ("NetworkPolicy", judge_name(name))]

@@ -3,7 +3,7 @@
 Names are deterministic (one RayJob per run id), so a RayJob that already exists is the same run submitted
 before (a retried pipeline step, a restarted launcher): it is followed, not replaced, when its entrypoint and
 runtime environment (which hold the whole config and the output) are the same, and refused otherwise.
-Each RayJob gets the NetworkPolicy of its Ray pods (``rayjob.build_network_policy``), owned by it: Kubernetes
+Each RayJob gets the NetworkPolicy of its Ray pods (``rayjob_manifest.build_network_policy``), owned by it: Kubernetes
 deletes it with the RayJob, whoever deletes that.
 """
 
@@ -31,7 +31,7 @@ from components.launch.kubernetes.api import (
     transient,
     unreachable,
 )
-from components.launch.kubernetes.deployments import apply_objects
+from components.launch.kubernetes.objects_client import apply_objects
 from components.launch.kubernetes.rayjob_manifest import build_network_policy
 from components.polling import Polls
 
