@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from components.launch.process import free_ports, running_process
+from components.launch.process import STOP_GRACE_S, free_ports, running_process
 
 SERVER_BINARIES = "/usr/lib/postgresql/*/bin"  # where Debian's postgresql-NN packages put initdb and postgres
 SUPERUSER = "postgres"
@@ -47,8 +47,12 @@ def server_binaries() -> Path:
 
 
 def _as_owner(args: list[str]) -> list[str]:
-    """``args`` run as the `postgres` user when this process is root (Postgres will not run as root)."""
-    return ["runuser", "-u", SUPERUSER, "--", *args] if os.geteuid() == 0 else args
+    """``args`` run as the `postgres` user when this process is root (Postgres will not run as root). setpriv
+    execs the command in its own place (runuser would fork and wait): the process started is the postmaster
+    itself, so stopping it waits for its shutdown and a crashed one is reaped."""
+    if os.geteuid() != 0:
+        return args
+    return ["setpriv", f"--reuid={SUPERUSER}", f"--regid={SUPERUSER}", "--init-groups", "--", *args]
 
 
 @contextlib.contextmanager
@@ -113,5 +117,12 @@ def running_postgres(data: Path, port: int | None = None, timeout_s: float = 60)
                       "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={data}"])
     with running_process(args, cwd=data.parent, env=dict(os.environ), log_path=data.parent / f"postgres-{port}.log",
                          what="postgres", ready=lambda: _accepts_connections(server), timeout_s=timeout_s,
-                         port=port):
-        yield server
+                         port=port) as postmaster:
+        try:
+            yield server
+        finally:
+            # a fast shutdown, which disconnects the clients still connected: the SIGTERM running_process sends is a
+            # smart one, which waits for them (each backend is a session of its own, out of the signalled group)
+            postmaster.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                postmaster.wait(timeout=STOP_GRACE_S)
