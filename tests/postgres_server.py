@@ -65,9 +65,11 @@ def postgres_cluster() -> Iterator[Path]:
             shutil.chown(home, SUPERUSER, SUPERUSER)
         data = home / "data"
         # --no-sync: a cluster that lives for one test session needs no durability against a power cut
-        subprocess.run(_as_owner([str(binaries / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
-                                  "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"]),
-                       check=True, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(_as_owner([str(binaries / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
+                                         "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"]),
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            raise RuntimeError(f"initdb of {data} failed ({done.returncode}): {done.stderr.strip()}")
         yield data
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -75,7 +77,8 @@ def postgres_cluster() -> Iterator[Path]:
 
 @dataclass(frozen=True)
 class PostgresServer:
-    """A running server: where it listens, and its postmaster's pid (to crash it on purpose)."""
+    """A running server: its port on 127.0.0.1 and its data folder (whose postmaster.pid names the process to
+    crash on purpose)."""
 
     port: int
     data: Path
