@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests use on this machine: `chromium` (the headless browser the report tests
-# screenshot with) and `iproute2` (`ip netns`, `ss`: the multi-host tests' hosts, scripts/hosts.sh). Idempotent: a
-# package whose command is already on PATH is skipped. `apt-get update` runs only if the install fails without
+# screenshot with), `iproute2` (`ip netns`, `ss`: the multi-host tests' hosts, scripts/hosts.sh) and `postgresql`
+# (the server the tests' MLflow keeps its runs in, as the cluster's does: tests/postgres_server.py). Idempotent: a
+# package whose command is already installed is skipped. `apt-get update` runs only if the install fails without
 # it, because a fresh image's package lists may be missing or stale, and updating costs time.
 # Usage: scripts/install-debian.sh
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing+=(chromium)
 { command -v ip >/dev/null 2>&1 && command -v ss >/dev/null 2>&1; } || missing+=(iproute2)
+# Debian puts the server (initdb, postgres) in /usr/lib/postgresql/NN/bin, not on PATH
+compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install-debian.sh: chromium and iproute2 already installed, nothing to do" >&2
+    echo "install-debian.sh: chromium, iproute2 and postgresql already installed, nothing to do" >&2
     exit 0
 fi
 sudo=()

@@ -1,4 +1,7 @@
-"""Run a real ``mlflow server`` (its own process, sqlite backend) on a loopback port for tests.
+"""Run a real ``mlflow server`` (its own process) on a loopback port: for `flowgrpo run --local` and the tests.
+
+Its backend store is a sqlite file in its folder (the laptop default), or any database SQLAlchemy reaches, such as
+the ``postgresql://`` store the cluster's server uses (the tests run theirs on Postgres).
 
 Artifacts are proxied by the server (``--artifacts-destination``), so clients need only the tracking URL:
 into SeaweedFS when an ``s3`` is given, else into a local folder.
@@ -20,10 +23,11 @@ from pipeline.services.seaweed import SeaweedS3
 
 @dataclass(frozen=True)
 class MlflowServer:
-    """Where a running MLflow tracking server answers."""
+    """Where a running MLflow tracking server answers, and where it keeps runs and the registry."""
 
     url: str
     port: int
+    backend_store_uri: str
 
     def env(self) -> dict[str, str]:
         """The environment a client (or the pipeline) needs to log to this server."""
@@ -40,10 +44,13 @@ def _healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None = None,
-                   timeout_s: float = 90, host: str = "127.0.0.1", lease: Lease | None = None
-                   ) -> Iterator[MlflowServer]:
+                   timeout_s: float = 90, host: str = "127.0.0.1", lease: Lease | None = None,
+                   backend_store_uri: str | None = None) -> Iterator[MlflowServer]:
     """Start ``mlflow server`` with its db (and local artifacts) under ``workdir``, wait for ``/health``,
     yield it, then stop its whole process group (also fine if it already died).
+
+    ``backend_store_uri``: where runs and the registry live instead of ``workdir``'s sqlite file, e.g.
+    ``postgresql://USER@HOST:PORT/DB`` (an empty database: MLflow creates its tables).
 
     ``port`` pins the port, so a test can stop a server and start another where clients still point; ``host`` is
     the address it listens on; with a ``lease`` it stops when the lease's owner is gone.
@@ -51,8 +58,9 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_ports(1)[0]
-    server = MlflowServer(url=f"http://{host}:{port}", port=port)
-    args = [venv_binary("mlflow", "mlflow"), "server", "--backend-store-uri", f"sqlite:///{workdir / 'mlflow.db'}",
+    store = backend_store_uri or f"sqlite:///{workdir / 'mlflow.db'}"
+    server = MlflowServer(url=f"http://{host}:{port}", port=port, backend_store_uri=store)
+    args = [venv_binary("mlflow", "mlflow"), "server", "--backend-store-uri", store,
             "--host", host, "--port", str(port), "--workers", "1"]
     # The job runner and telemetry would otherwise add ~15 processes (2.4 GB) that SIGTERM leaves behind.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}

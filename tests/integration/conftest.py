@@ -1,10 +1,12 @@
-"""Services shared by the integration modules: one real SeaweedFS and one real MLflow server per session."""
+"""Services shared by the integration modules: one real SeaweedFS, PostgreSQL and MLflow server per session (per
+pytest-xdist worker). MLflow keeps its runs and registry in Postgres, as the cluster's does."""
 
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from postgres_server import PostgresServer, postgres_cluster, running_postgres  # tests/postgres_server.py
 
 from pipeline.services.mlflow_server import MlflowServer, running_mlflow
 from pipeline.services.seaweed import SeaweedS3, running_seaweed
@@ -31,9 +33,18 @@ def s3_env(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
 
 @pytest.fixture(scope="session")
-def services(seaweed: SeaweedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedS3, MlflowServer]]:
-    """SeaweedFS and an MLflow server whose artifacts live in it."""
-    with running_mlflow(tmp_path_factory.mktemp("mlflow"), s3=seaweed) as mlflow:
+def postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of its own; each MLflow server on it gets a fresh database (``new_database``)."""
+    with postgres_cluster() as data, running_postgres(data) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def services(seaweed: SeaweedS3, postgres: PostgresServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SeaweedS3, MlflowServer]]:
+    """SeaweedFS and an MLflow server whose runs live in Postgres and whose artifacts live in SeaweedFS."""
+    with running_mlflow(tmp_path_factory.mktemp("mlflow"), s3=seaweed,
+                        backend_store_uri=postgres.new_database()) as mlflow:
         yield seaweed, mlflow
 
 

@@ -1,5 +1,5 @@
-"""pipeline/services/mlflow_server.py: a real MLflow server proxies artifacts into SeaweedFS; clients hold no
-S3 keys."""
+"""pipeline/services/mlflow_server.py: a real MLflow server keeps its runs in PostgreSQL and proxies artifacts into
+SeaweedFS; clients hold no S3 keys. tests/postgres_server.py: no PostgreSQL is a failure that says what to install."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 import boto3
 import mlflow
 import numpy as np
+import postgres_server  # tests/postgres_server.py
+import psycopg
 import pytest
 from botocore.config import Config
 
@@ -36,3 +38,22 @@ def test_server_logs_metrics_and_proxies_artifacts_into_s3(services, tmp_path: P
     keys = [o["Key"] for o in raw.list_objects_v2(Bucket=s3.bucket, Prefix="mlflow/").get("Contents", [])]
     assert any(k.endswith(f"/{run_id}/artifacts/note.txt") for k in keys), keys
     assert any("/images/" in k and k.endswith(".png") for k in keys), keys
+
+    # the run is a row of the server's Postgres database (its own, fresh one), as on the cluster
+    assert server.backend_store_uri.startswith("postgresql://")
+    with psycopg.connect(server.backend_store_uri) as conn:
+        rows = conn.execute("SELECT key, value, step FROM metrics WHERE run_uuid = %s", (run_id,)).fetchall()
+    assert rows == [("reward", 0.75, 3)]
+
+
+def test_no_postgres_installed_fails_and_names_the_install_script(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(postgres_server, "SERVER_BINARIES", str(tmp_path / "postgresql" / "*" / "bin"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(postgres_server.PostgresMissing, match=r"bash scripts/install-debian\.sh"):
+        postgres_server.server_binaries()
+    installed = tmp_path / "postgresql" / "16" / "bin"  # the newest of several versions
+    for version in ("9", "16"):
+        (tmp_path / "postgresql" / version / "bin").mkdir(parents=True)
+        (tmp_path / "postgresql" / version / "bin" / "postgres").touch()
+    assert postgres_server.server_binaries() == installed

@@ -1,9 +1,10 @@
-"""Training against a real SeaweedFS (S3) and a real MLflow server (sqlite, artifacts in that S3).
+"""Training against a real SeaweedFS (S3) and a real MLflow server (runs in PostgreSQL, artifacts in that S3).
 
 Everything is checked through the services' own APIs: boto3 for S3, MlflowClient and pyfunc for MLflow.
 """
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -25,6 +26,7 @@ from botocore.config import Config
 from browser import chromium_binary  # tests/browser.py
 from mlflow import MlflowClient
 from PIL import Image
+from postgres_server import PostgresServer, postgres_cluster, running_postgres  # tests/postgres_server.py
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -44,6 +46,10 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = ["train.epochs=4", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=2", "tracking.sample_every=2",
          "tracking.sample_images=2"]
+# what every epoch logs to MLflow (held-out rewards only on sampling epochs)
+EPOCH_METRICS = ("reward/mean", "reward/std", "reward/brightness/mean", "update/advantage_abs_mean",
+                 "zero_std_group_fraction", "failed_fraction", "policy_loss", "kl", "approx_kl", "clipfrac",
+                 "grad_norm", "lr", "time/sampling", "time/scoring", "time/training", "images_per_s")
 
 
 def _s3_client(s3: SeaweedS3):
@@ -108,9 +114,7 @@ def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services,
     dumped = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert run.data.tags["flowgrpo.config_hash"] == hashlib.sha256(dumped.encode()).hexdigest()
     assert run.data.tags["flowgrpo.latest_checkpoint"] == f"s3://{s3.bucket}/{prefix}/checkpoints/epoch-000004"
-    for key in ("reward/mean", "reward/std", "reward/brightness/mean", "update/advantage_abs_mean",
-                "zero_std_group_fraction", "failed_fraction", "policy_loss", "kl", "approx_kl", "clipfrac",
-                "grad_norm", "lr", "time/sampling", "time/scoring", "time/training", "images_per_s"):
+    for key in EPOCH_METRICS:
         history = client.get_metric_history(run.info.run_id, key)
         assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in rows], key
     assert any(k.startswith("system/") for k in run.data.metrics)
@@ -227,7 +231,8 @@ def test_kill_mid_checkpoint_upload_then_resume_matches_an_uninterrupted_run(ser
     assert [m.value for m in last if m.step == 6] == [pytest.approx(resumed.history[-1]["reward/mean"])]
 
 
-def test_outage_is_buffered_and_delivered_when_mlflow_comes_back(tmp_path, monkeypatch: pytest.MonkeyPatch):
+def test_outage_is_buffered_and_delivered_when_mlflow_comes_back(postgres: PostgresServer, tmp_path,
+                                                                  monkeypatch: pytest.MonkeyPatch):
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", "1")
@@ -237,7 +242,7 @@ def test_outage_is_buffered_and_delivered_when_mlflow_comes_back(tmp_path, monke
     assert tracker.run_id is None
     for step in (1, 2, 3):
         tracker.log_metrics({"reward/mean": step / 10, "skipped": float("nan")}, step=step)
-    with running_mlflow(tmp_path / "mlflow", port=port) as server:
+    with running_mlflow(tmp_path / "mlflow", port=port, backend_store_uri=postgres.new_database()) as server:
         tracker.close()
         client = MlflowClient(server.url)
         run = _run_of(client, "outage")
@@ -247,6 +252,48 @@ def test_outage_is_buffered_and_delivered_when_mlflow_comes_back(tmp_path, monke
         assert run.info.status == "FINISHED"
     assert sum("unreachable" in line for line in lines) == 1
     assert any("reachable again" in line for line in lines)
+
+
+def test_a_postgres_crash_mid_run_is_buffered_and_every_epoch_reaches_mlflow(tmp_path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """The cluster's MLflow keeps its runs in Postgres. The database dies (SIGKILL of the postmaster) once epoch 1 is
+    logged and comes back, crash-recovered from the same files, once epoch 3 is: MLflow answers 503 meanwhile, the
+    tracker buffers and retries, and the run ends with every epoch in MLflow exactly once and its LoRA registered."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("FLOWGRPO_CACHE_DIR", str(tmp_path / "cache"))
+    experiment, model_name = f"e-{uuid.uuid4().hex[:6]}", f"m-{uuid.uuid4().hex[:6]}"
+    lines: list[str] = []
+    with postgres_cluster() as data, contextlib.ExitStack() as database:
+        first = database.enter_context(running_postgres(data))
+        with running_mlflow(tmp_path / "mlflow", backend_store_uri=first.new_database()) as server:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)
+
+            def log(line: str) -> None:
+                lines.append(line)
+                if line.startswith("epoch 1/"):
+                    first.crash()
+                    database.close()  # the dead server's process group is swept
+                elif line.startswith("epoch 3/"):
+                    database.enter_context(running_postgres(data, port=first.port))
+
+            result = train(_config(f"tracking.experiment={experiment}",
+                                   f"tracking.registered_model={model_name}", "tracking.system_metrics=false"),
+                           tmp_path / "out", log=log)
+            assert [r["epoch"] for r in result.history] == [1, 2, 3, 4]
+            assert sum("unreachable" in line for line in lines) == 1, lines
+            assert any("reachable again" in line for line in lines), lines
+            assert not any("not sent" in line for line in lines), lines
+
+            client = MlflowClient(server.url)
+            run = _run_of(client, experiment)
+            assert run.info.status == "FINISHED"
+            for key in EPOCH_METRICS:
+                history = client.get_metric_history(run.info.run_id, key)
+                assert [m.step for m in history] == [1, 2, 3, 4], key
+                assert [m.value for m in history] == [pytest.approx(r[key]) for r in result.history], key
+            assert _grid_steps(client, run.info.run_id) == [0, 2, 4]
+            (version,) = client.search_model_versions(f"name='{model_name}'")
+            assert version.run_id == run.info.run_id
 
 
 def test_training_finishes_when_mlflow_never_answers(tmp_path, monkeypatch: pytest.MonkeyPatch):

@@ -79,6 +79,17 @@ def test_the_lock_fits_pyproject_and_the_image_requirements():
     assert "torch" not in image_requirements("components") and "ray" not in image_requirements("components")
 
 
+def test_the_mlflow_image_carries_the_driver_sqlalchemy_opens_a_postgresql_uri_with():
+    """The cluster's MLflow reads MLFLOW_BACKEND_STORE_URI=postgresql://...; the SQLAlchemy of the lock (MLflow's)
+    picks the driver for that scheme, and the image must install that very driver (2.1 picks psycopg 3, not
+    psycopg2). The tests' servers run on the same one: it is in the dev extra."""
+    from sqlalchemy.engine import make_url
+
+    driver = make_url("postgresql://mlflow@postgres:5432/mlflow").get_dialect().driver
+    assert driver in image_requirements("mlflow"), driver
+    assert driver in {canonicalize_name(r.name) for r in _declared()}
+
+
 def test_the_lock_holds_the_cuda_build_for_gpu_images_and_one_version_per_platform():
     """One universal lock: the CUDA wheels torch pulls on Linux are locked too, and every name has exactly one
     version for each interpreter the images and GPU nodes use (3.11 here and in the images, 3.12 on the GPU node)."""
