@@ -32,7 +32,7 @@ SLOWEST_FIRST = [
     "tests/integration/test_video_family.py",
     "tests/vllm/test_vlm_judge_real.py", "tests/integration/test_compile.py", "tests/integration/test_training.py",
     "tests/integration/test_evaluate.py", "tests/integration/test_training_rewards.py",
-    "tests/integration/test_reward_server_outage.py",
+    "tests/integration/test_reward_server_outage.py", "tests/integration/test_tracking.py",
     *PER_TEST_FILES,  # then the benchmark smoke runs (1-3 min each), then the rest in collection order
 ]
 
