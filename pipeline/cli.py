@@ -219,6 +219,15 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "the links printed during the run keep working (default %(default)s)")
 
 
+def _local_run_config(args: argparse.Namespace):
+    config = load_config(args.config, args.overrides)
+    if args.ray_workers:
+        from components.trainer.loop import check_world_size
+
+        check_world_size(config, args.ray_workers)
+    return config
+
+
 @command("run", "run the whole pipeline on this machine (--local)", _run_args)
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the whole pipeline (prepare dataset -> deploy reward server -> train -> evaluate -> register, then tear
@@ -233,13 +242,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--ray-workers must be 0 or more, got {args.ray_workers}")
     from pipeline.local_run import RUN_COMMAND, owning_workdir, run_local
 
-    # first of all: a second run in the work directory is refused before it reads the config or imports the trainer
+    # A work directory that exists may be another run's: taken first, so a second run is refused before it reads the
+    # config or imports the trainer. One that does not exist is nobody's: the config is checked before it is made,
+    # so a refused run leaves nothing behind.
+    config = None if args.workdir.exists() else _local_run_config(args)
     with owning_workdir(args.workdir, RUN_COMMAND) as workdir:
-        config = load_config(args.config, args.overrides)
-        if args.ray_workers:
-            from components.trainer.loop import check_world_size
-
-            check_world_size(config, args.ray_workers)
+        config = config or _local_run_config(args)
         quiet_libraries()
         status_line(f"local run of {args.config} in {args.workdir}")
         result = run_local(config, workdir=workdir, ray_workers=args.ray_workers, ui_port=args.ui_port)

@@ -151,9 +151,9 @@ def test_a_server_started_for_a_run_stops_when_the_run_is_killed_outright(state_
     """)
     run = textwrap.dedent(f"""
         import os, subprocess, sys, time
-        from components.environ import patched_environ
-        from components.launch.process import LEASE_OWNER_ENV, ProcessRef
-        with patched_environ({{LEASE_OWNER_ENV: str(ProcessRef.of(os.getpid()))}}):
+        from components.environ import FLOWGRPO_LEASE_OWNER, patched_environ
+        from components.launch.process import ProcessRef
+        with patched_environ({{FLOWGRPO_LEASE_OWNER.name: str(ProcessRef.of(os.getpid()))}}):
             subprocess.run([sys.executable, "-c", {step!r}], check=True)
         print("deployed", flush=True)
         time.sleep(600)
