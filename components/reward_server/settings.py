@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import Section, format_validation_error, read_yaml_mapping
+from components.config_base import Section, check_strings, format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
 from components.rewards.config import RewardSpec, check_unique_keys
 
@@ -90,6 +90,11 @@ class ServerSettings(Section):
     rewards: list[RewardSpec] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
     batching: Batching = Field(default_factory=Batching)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_strings(cls, data: Any) -> Any:
+        return check_strings(data)
 
     @model_validator(mode="after")
     def _unique(self) -> ServerSettings:

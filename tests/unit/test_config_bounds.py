@@ -217,6 +217,20 @@ def test_a_1_mb_string_is_refused_within_a_second_however_it_comes(tmp_path):
                                "the most a config string may hold (many prompts belong in a data.path file)")
 
 
+def test_the_reward_servers_settings_bound_their_strings_and_refuse_credentials_as_configs_do(tmp_path):
+    long = "a" * (MAX_STRING_CHARS + 1)
+    settings = _write(tmp_path, f"rewards:\n  - name: brightness\n    label: {long}\n")
+    with pytest.raises(ConfigError, match=rf"rewards\.0\.label: a string longer than {MAX_STRING_CHARS:,} characters"):
+        load_settings(settings, None)
+    settings = _write(tmp_path, "rewards:\n  - name: vlm_judge\n    args: {base_url: 'http://u:p@judge:8000/v1', "
+                                "model: m}\n")
+    with pytest.raises(ConfigError, match=r"rewards\.0\.args\.base_url: a URL with credentials") as info:
+        load_settings(settings, None)
+    assert "u:p" not in str(info.value)
+    assert load_settings(_write(tmp_path, f"rewards:\n  - name: brightness\n    label: {long[1:]}\n"),
+                         None).rewards[0].label == long[1:]
+
+
 def test_a_config_text_past_the_bound_is_refused_unparsed(tmp_path, monkeypatch):
     path = tmp_path / "big.yaml"
     with path.open("w") as f:  # a 50 MB scalar: PyYAML alone would take a minute
