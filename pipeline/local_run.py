@@ -37,7 +37,7 @@ from pathlib import Path
 from components import environ
 from components.console import status_line
 from components.errors import FlowGRPOError
-from components.launch.process import LEASES_DIR, Lease, ProcessRef, port_is_free, reap_leases
+from components.launch.process import LEASES_DIR, Lease, ProcessRef, lease_record, port_is_free, reap_leases
 from pipeline.config import ExperimentConfig, dump_config
 from pipeline.kfp_local_patch import following_tasks
 from pipeline.single_instance import holding_workdir, is_held_here, stopping_on_signals
@@ -202,7 +202,7 @@ def owning_workdir(workdir: Path, command: str, log=status_line) -> Iterator[Pat
 
 def _lease(workdir: Path, service: str) -> Lease:
     """Ties ``service`` to this process: it stops when this process is gone, however it ends."""
-    return Lease(ProcessRef.of(os.getpid()), workdir / LEASES_DIR / f"{service}.json")
+    return Lease(ProcessRef.of(os.getpid()), lease_record(workdir, service))
 
 
 @contextlib.contextmanager

@@ -24,11 +24,11 @@ from components.console import status_line
 from components.errors import LaunchError
 from components.launch.kubernetes.reward_deploy import DeployableConfig, reward_server_name
 from components.launch.process import (
-    LEASES_DIR,
     Lease,
     ProcessRef,
     free_ports,
     is_running,
+    lease_record,
     log_tail,
     start_detached,
     stop_group,
@@ -65,7 +65,7 @@ def _lease(state_dir: Path, name: str) -> Lease | None:
 
 
 def _lease_record(state_dir: Path, name: str) -> Path:
-    return Path(state_dir) / LEASES_DIR / f"reward-server-{name}.json"
+    return lease_record(state_dir, f"reward-server-{name}")
 
 
 def _alive(record: dict[str, Any]) -> bool:

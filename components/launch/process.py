@@ -89,6 +89,12 @@ class Lease:
         self.record.unlink(missing_ok=True)
 
 
+def lease_record(state_dir: Path, service: str) -> Path:
+    """Where the lease of ``service`` of the work directory ``state_dir`` is recorded: in the folder the next owner
+    reaps (``reap_leases(state_dir / LEASES_DIR)``)."""
+    return Path(state_dir) / LEASES_DIR / f"{service}.json"
+
+
 def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
     """Stop the process group of every service recorded in ``folder`` whose owner is gone (left running by an owner
     killed outright, its tether killed too), and forget the records of services already gone. For the next owner
