@@ -2,7 +2,7 @@
 and (``--throughput``) the images/s of each at the SD3.5-Medium shape on a GPU.
 
     python tests/benchmarks/bench_algorithms.py [--minutes 12] [--seeds 0 1 2] [--plot docs/algorithms.png]
-    python tests/benchmarks/bench_algorithms.py --throughput [--epochs 2]
+    python tests/benchmarks/bench_algorithms.py --throughput [--epochs 2] [--compile]
 
 Learning: each algorithm trains the shipped demo (`flowgrpo run --local`, shapes-cpu) with its settings below, the
 same seeds and prompts, for the epochs that take ``--minutes`` of training on this machine (each algorithm's epoch
@@ -15,9 +15,9 @@ each algorithm takes to reach FlowGRPO's final held-out gain. The plot draws the
 minutes and against images sampled (mean over seeds, 95% band).
 
 Throughput: bench_gpu_throughput's per-worker epoch of each algorithm's SD3.5-Medium recipe (random real-shape
-weights; compile off), one warm-up and ``--epochs`` measured epochs in a fresh process each: images/s of the epoch,
-of sampling and of training, the peak memory, and where a sampling batch's time goes. Without a GPU the tiny model
-stands in (a smoke run, no figures).
+weights; compile off, or on with ``--compile``), one warm-up and ``--epochs`` measured epochs in a fresh process
+each: images/s of the epoch, of sampling and of training, the peak memory, and where a sampling batch's time goes.
+Without a GPU the tiny model stands in (a smoke run, no figures).
 
 `--smoke` (a few epochs, 10 eval prompts, one seed) checks the script runs; its figures mean nothing. `--report
 --workdir DIR` prints the table (and `--plot`) of the seeds whose runs all finished there, e.g. after a stop. Run
@@ -287,11 +287,12 @@ def throughput(args: argparse.Namespace) -> None:
 
     cpu = not torch.cuda.is_available()
     epochs = args.epochs if args.epochs is not None else 3 if cpu else 2
-    print(f"{'CPU (no CUDA visible)' if cpu else 'CUDA'}, compile off, 1 warm-up + {epochs} measured epoch(s) each")
+    print(f"{'CPU (no CUDA visible)' if cpu else 'CUDA'}, compile {'on' if args.compile else 'off'}, 1 warm-up + "
+          f"{epochs} measured epoch(s) each")
     rows = {}
     for algorithm in args.algorithms:
-        print(f"{algorithm}: {describe(workload(cpu, False, algorithm=algorithm), cpu)}", flush=True)
-        rows[algorithm] = _child(cpu, False, epochs, algorithm=algorithm, compare=False)
+        print(f"{algorithm}: {describe(workload(cpu, args.compile, algorithm=algorithm), cpu)}", flush=True)
+        rows[algorithm] = _child(cpu, args.compile, epochs, algorithm=algorithm, compare=False)
         print(f"{algorithm}: {rows[algorithm]}", flush=True)  # each as it ends: a run cut short keeps them
     reference = rows.get(args.algorithms[0])
     devices = sorted({r["device"] for r in rows.values() if r})
@@ -329,6 +330,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="only the table (and --plot) of the seeds whose runs all finished under --workdir")
     parser.add_argument("--epochs", type=int, help="--throughput: measured epochs (default 2 on a GPU, 3 on a CPU)")
+    parser.add_argument("--compile", action="store_true", help="--throughput: with train.compile on")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="for every run of the learning leg")
     args = parser.parse_args()
     if args.minutes <= 0:
