@@ -139,6 +139,14 @@ class TrainConfig(Section):
                     "exp(s (logp - logp_old) + mean((mu - mu_old)^2) / (2 s)) with s the step's noise std, and the "
                     "policy loss divided by the step's |dt|, as the paper's code (its recipes clip at 2e-6)",
     )
+    guard_mean_shift: Literal["sample", "batch"] = Field(
+        default="sample",
+        description="with grpo_guard: over what mse = mean((mu - mu_old)^2) is averaged. sample (default): each "
+                    "sample's own, the paper's formula (each log-ratio is exactly mean(eps (mu - mu_old)), centred on "
+                    "0), as Flow-Factory and verl-omni; batch: the micro-batch's, exactly as the authors' code (a "
+                    "torch mean over dim=() of a 1-D tensor reduces every dim), which leaves each sample its shift's "
+                    "deviation from the batch's (docs/ALGORITHM.md section 6)",
+    )
     adv_clip_max: float = Field(default=5.0, gt=0)
     advantage_std: Literal["global", "group", "none"] = Field(
         default="global",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from components.flowgrpo.ema import LoRAEMA
-from components.flowgrpo.loss import GuardTerms, flow_grpo_loss
+from components.flowgrpo.loss import GuardMeanShift, GuardTerms, flow_grpo_loss
 from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.models.base import FlowMatchingModel
 
@@ -24,12 +24,14 @@ class UpdateSettings:
     gradient_accumulation_steps: int
     inner_epochs: int
     clip_range: float
+    adv_clip_max: float
     beta: float
     max_grad_norm: float
     guidance_scale: float  # guidance in the training forward: the sampling scale with train_cfg, else 1
     cfg_uncond_grad: bool = True  # the gradient also flows through CFG's unconditional branch
     skip_zero_advantage: bool = False  # train only samples with a non-zero advantage (padded, see micro_batches)
     grpo_guard: bool = False  # GRPO-Guard: normalised ratio, policy loss over |dt| (the rollout keeps its means)
+    guard_mean_shift: GuardMeanShift = "sample"
 
 
 def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage: bool,
@@ -97,10 +99,12 @@ def policy_update(
                 if settings.grpo_guard:
                     sigma, sigma_next = rollout.levels[t]
                     guard = GuardTerms(old_mean=rollout.means[idx, t], dt=sigma - sigma_next,
-                                       noise_std=std_dev_t * (sigma - sigma_next) ** 0.5)
+                                       noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
+                                       mean_shift=settings.guard_mean_shift)
                 loss, metrics = flow_grpo_loss(
                     log_prob, rollout.log_probs[idx, t], device_advantages[idx], clip_range=settings.clip_range,
-                    mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=settings.beta, guard=guard,
+                    adv_clip_max=settings.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t,
+                    beta=settings.beta, guard=guard,
                 )
                 (loss * scale).backward()
                 step = sampler.train_steps[t]

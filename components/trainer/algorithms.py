@@ -87,9 +87,11 @@ class FlowGRPO(Algorithm):
         t = self.config.train
         settings = UpdateSettings(
             batch_size=t.batch_size_per_worker, gradient_accumulation_steps=t.gradient_accumulation_steps,
-            inner_epochs=t.inner_epochs, clip_range=t.clip_range, beta=t.beta, max_grad_norm=t.max_grad_norm,
+            inner_epochs=t.inner_epochs, clip_range=t.clip_range, adv_clip_max=t.adv_clip_max, beta=t.beta,
+            max_grad_norm=t.max_grad_norm,
             guidance_scale=self.training_guidance(), cfg_uncond_grad=t.cfg_uncond_grad,
             skip_zero_advantage=t.skip_zero_advantage, grpo_guard=t.grpo_guard,
+            guard_mean_shift=t.guard_mean_shift,
         )
         return policy_update(self.model, optimizer, self.params, rollout, advantages, sampler, settings, generator,
                              ema, optimizer_step, average_grads=average_grads)

@@ -135,7 +135,7 @@ def test_host_reads_per_rollout_and_update_do_not_grow_with_the_steps(kind):
     model.negative_embeddings()
     g = GUIDANCE[kind]
     update = UpdateSettings(batch_size=4, gradient_accumulation_steps=1, inner_epochs=1, clip_range=0.2, beta=0.04,
-                            max_grad_norm=1.0, guidance_scale=model.training_guidance_scale(g, True))
+                            adv_clip_max=5.0, max_grad_norm=1.0, guidance_scale=model.training_guidance_scale(g, True))
     reads = {}
     for steps in (3, 3, 6):  # the first update also builds the optimizer's state
         settings = _settings(steps, g)

@@ -67,7 +67,7 @@ def _gradient(model, params, settings, rollout, advantages, batch_size, skip) ->
     """The update's gradient (one optimizer step, no clipping) and the rows the training forwards saw."""
     optimizer = _Recorder(params, lr=0.0)
     update = UpdateSettings(batch_size=batch_size, gradient_accumulation_steps=2, inner_epochs=1, clip_range=0.2,
-                            beta=0.0, max_grad_norm=1e9, guidance_scale=1.0, skip_zero_advantage=skip)
+                            adv_clip_max=5.0, beta=0.0, max_grad_norm=1e9, guidance_scale=1.0, skip_zero_advantage=skip)
     rows = []
     hook = model.transformer.register_forward_pre_hook(lambda _m, args, kwargs: rows.append(
         kwargs["hidden_states"].shape[0]), with_kwargs=True)
