@@ -93,7 +93,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     trains; an s3:// model.path is checked when the run starts."""
     from components.dataset.prompts import data_path_note
     from components.models.config import model_path_note
-    from components.trainer.config import describe_batches, epoch_split_problems
+    from components.trainer.config import algorithm_notes, describe_batches, epoch_split_problems
     from pipeline.config import check_rewards
 
     config = load_config(args.config, args.overrides)
@@ -109,7 +109,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     n = config.sampling.prompts_per_epoch * config.sampling.group_size
     print(f"{args.config}: valid ({config.model.kind}, {config.train.epochs} epochs, {n} images per epoch)")
     print(f"on the cluster: {describe_batches(config, workers)}")
-    for line in (note, data_note):
+    for line in (note, data_note, *algorithm_notes(config)):
         if line:
             print(line)
     return 0

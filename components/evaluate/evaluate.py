@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from components import storage
+from components.algorithms.base import algorithm_name
 from components.console import status_line
 from components.dataset.prompts import PromptRow, held_out_rows
 from components.evaluate.config import EvalConfig, GateConfig
@@ -28,7 +29,6 @@ from components.flowgrpo.metrics import finite_or_none
 from components.models.generate import generate, load_with_lora
 from components.rewards.config import RewardSpec
 from components.rewards.scoring import RewardSet
-from components.trainer.algorithms import algorithm_name
 from components.trainer.config import TrainingJobConfig
 
 EVAL_FILE = "eval.json"

@@ -87,28 +87,13 @@ class EMAConfig(Section):
                               description="optimizer steps between EMA updates (at steps s with (s + 1) % n == 0)")
 
 
-class NFTConfig(Section):
-    """DiffusionNFT's own settings (train.algorithm diffusion_nft; docs/ALGORITHM.md section 9)."""
-
-    beta: float = Field(default=1.0, gt=0, le=10,
-                        description="how far the implicit positive and negative policies lie from the old one: "
-                                    "v+ = beta v + (1 - beta) v_old, v- = (1 + beta) v_old - beta v")
-    decay_flat_steps: int = Field(default=0, ge=0, le=MAX_EPOCHS,
-                                  description="optimizer steps during which the old policy is replaced by the "
-                                              "trained one after each epoch (decay 0)")
-    decay_rate: float = Field(default=0.001, ge=0, le=1,
-                              description="then the old policy's decay grows by this per optimizer step ...")
-    max_decay: float = Field(default=0.5, ge=0, lt=1, description="... up to this: old <- d old + (1 - d) current")
-
-
 class TrainConfig(Section):
-    algorithm: Literal["flow_grpo", "diffusion_nft"] = Field(
+    algorithm: str = Field(
         default="flow_grpo",
-        description="flow_grpo: the policy gradient on SDE transitions (sections 1-6); diffusion_nft: DiffusionNFT, "
-                    "flow matching on the clean ODE samples between implicit positive and negative policies "
-                    "(section 9)",
+        description="the training algorithm, one of components/algorithms (flow_grpo: the policy gradient on SDE "
+                    "transitions; diffusion_nft: DiffusionNFT; ... docs/ALGORITHM.md, \"Choosing the algorithm\"); "
+                    "its own settings are the section train.<algorithm>",
     )
-    nft: NFTConfig = Field(default_factory=NFTConfig)
     epochs: int = Field(default=40, ge=1, le=MAX_EPOCHS, description="rollout + update rounds")
     learning_rate: float = Field(default=3e-3, gt=0, le=1)
     adam_betas: tuple[StrictFloat, StrictFloat] = Field(
@@ -138,14 +123,6 @@ class TrainConfig(Section):
         description="GRPO-Guard (flow_grpo, sampling.sde_type sde): the ratio normalised per step, "
                     "exp(s (logp - logp_old) + mean((mu - mu_old)^2) / (2 s)) with s the step's noise std, and the "
                     "policy loss divided by the step's |dt|, as the paper's code (its recipes clip at 2e-6)",
-    )
-    guard_mean_shift: Literal["sample", "batch"] = Field(
-        default="sample",
-        description="with grpo_guard: over what mse = mean((mu - mu_old)^2) is averaged. sample (default): each "
-                    "sample's own, the paper's formula (each log-ratio is exactly mean(eps (mu - mu_old)), centred on "
-                    "0), as Flow-Factory and verl-omni; batch: the micro-batch's, exactly as the authors' code (a "
-                    "torch mean over dim=() of a 1-D tensor reduces every dim), which leaves each sample its shift's "
-                    "deviation from the batch's (docs/ALGORITHM.md section 6)",
     )
     adv_clip_max: float = Field(default=5.0, gt=0)
     advantage_std: Literal["global", "group", "none"] = Field(
@@ -198,6 +175,9 @@ class TrainConfig(Section):
         if isinstance(data, dict) and "global_std" in data:
             raise ValueError("train.global_std was replaced by train.advantage_std: global (was true), group (was "
                              "false) or none (Dr.GRPO)")
+        if isinstance(data, dict) and "nft" in data:
+            raise ValueError("train.nft was renamed train.diffusion_nft (each algorithm's section is "
+                             "train.<algorithm>)")
         return _refuse_renamed_batch_size(data, "train", "samples per training forward pass (micro-batch)")
 
     @field_validator("adam_betas")

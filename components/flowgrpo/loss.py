@@ -32,7 +32,7 @@ class GuardTerms:
 
     def __post_init__(self) -> None:
         if self.mean_shift not in ("sample", "batch"):
-            raise ValueError(f"mean_shift must be 'sample' or 'batch' (train.guard_mean_shift), "
+            raise ValueError("mean_shift must be 'sample' or 'batch' (train.flow_grpo.guard_mean_shift), "
                              f"got {self.mean_shift!r}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -13,25 +14,12 @@ from components.flowgrpo.loss import GuardMeanShift, GuardTerms, flow_grpo_loss
 from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.models.base import FlowMatchingModel
 
+if TYPE_CHECKING:
+    from components.flowgrpo.config import TrainConfig
+
 # also logged per sampler step, e.g. update/clipfrac/step3: under update/ because MLflow shows metric sections in
 # name order, and reward/ must come first
 PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    batch_size: int
-    gradient_accumulation_steps: int
-    inner_epochs: int
-    clip_range: float
-    adv_clip_max: float
-    beta: float
-    max_grad_norm: float
-    guidance_scale: float  # guidance in the training forward: the sampling scale with train_cfg, else 1
-    cfg_uncond_grad: bool = True  # the gradient also flows through CFG's unconditional branch
-    skip_zero_advantage: bool = False  # train only samples with a non-zero advantage (padded, see micro_batches)
-    grpo_guard: bool = False  # GRPO-Guard: normalised ratio, policy loss over |dt| (the rollout keeps its means)
-    guard_mean_shift: GuardMeanShift = "sample"
 
 
 def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage: bool,
@@ -56,67 +44,62 @@ def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage
 
 def policy_update(
     model: FlowMatchingModel,
-    optimizer: torch.optim.Optimizer,
-    params: list[torch.nn.Parameter],
     rollout: Rollout,
     advantages: torch.Tensor,
     sampler: SamplerSettings,
-    settings: UpdateSettings,
     generator: torch.Generator,
-    ema: LoRAEMA | None,
-    optimizer_step: int,
-    average_grads: Callable[[list[torch.Tensor]], None] | None = None,
-) -> tuple[dict[str, float], int]:
-    """Run the inner epochs; returns mean metrics and the new optimizer step count.
+    optim: Optimization,
+    train: TrainConfig,
+    guidance_scale: float,
+    guard_mean_shift: GuardMeanShift = "sample",
+) -> dict[str, float]:
+    """Run the inner epochs of FlowGRPO's update (``train``: the `train:` section; ``guidance_scale``: the training
+    forward's; ``guard_mean_shift``: train.flow_grpo's, with train.grpo_guard); returns mean metrics.
 
-    Gradients accumulate over all trained timesteps of ``gradient_accumulation_steps``
-    micro-batches, then one clipped optimizer step is taken. With data-parallel workers,
-    ``average_grads`` averages the accumulated gradients over them first, so every worker
-    clips and steps identically.
+    Gradients accumulate over all trained timesteps of ``gradient_accumulation_steps`` micro-batches, then
+    ``optim`` takes one clipped step, averaged over the data-parallel workers first.
     """
     n_steps = rollout.log_probs.shape[1]
-    scale = 1.0 / (n_steps * settings.gradient_accumulation_steps)
+    scale = 1.0 / (n_steps * train.gradient_accumulation_steps)
     trained = 0
     device_advantages = advantages.to(model.device)
     means = MetricMeans()
 
     model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward
-    for _ in range(settings.inner_epochs):
-        batches = micro_batches(advantages, settings.batch_size, settings.skip_zero_advantage, generator)
+    for _ in range(train.inner_epochs):
+        batches = micro_batches(advantages, train.batch_size_per_worker, train.skip_zero_advantage, generator)
         trained += sum(len(b) for b in batches)
         for i, idx in enumerate(batches):
             idx = idx.to(rollout.prompt_index.device)
             cond = rollout.embeds.select(rollout.prompt_index[idx])
             for t in range(n_steps):
-                log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale,
-                                                          cond=cond, uncond_grad=settings.cfg_uncond_grad)
+                log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, guidance_scale,
+                                                          cond=cond, uncond_grad=train.cfg_uncond_grad)
                 ref_mean = None
-                if settings.beta > 0:
+                if train.beta > 0:
                     with torch.no_grad(), model.adapter_disabled():
-                        _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, settings.guidance_scale,
-                                                       cond=cond)
+                        _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, guidance_scale, cond=cond)
                 guard = None
-                if settings.grpo_guard:
+                if train.grpo_guard:
                     sigma, sigma_next = rollout.levels[t]
                     guard = GuardTerms(old_mean=rollout.means[idx, t], dt=sigma - sigma_next,
                                        noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
-                                       mean_shift=settings.guard_mean_shift)
+                                       mean_shift=guard_mean_shift)
                 loss, metrics = flow_grpo_loss(
-                    log_prob, rollout.log_probs[idx, t], device_advantages[idx], clip_range=settings.clip_range,
-                    adv_clip_max=settings.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t,
-                    beta=settings.beta, guard=guard,
+                    log_prob, rollout.log_probs[idx, t], device_advantages[idx], clip_range=train.clip_range,
+                    adv_clip_max=train.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t,
+                    beta=train.beta, guard=guard,
                 )
                 (loss * scale).backward()
                 step = sampler.train_steps[t]
                 for k, v in metrics.items():
                     for key in (k, f"update/{k}/step{step}") if k in PER_STEP_METRICS else (k,):
                         means.add(key, v)
-            if (i + 1) % settings.gradient_accumulation_steps == 0:
-                optimizer_step = apply_gradients(optimizer, params, settings.max_grad_norm, average_grads, ema,
-                                                 optimizer_step, means)
+            if (i + 1) % train.gradient_accumulation_steps == 0:
+                optim.apply(means)
     metrics = means.result()
-    metrics["trained_fraction"] = trained / (len(rollout) * settings.inner_epochs)
-    return metrics, optimizer_step
+    metrics["trained_fraction"] = trained / (len(rollout) * train.inner_epochs)
+    return metrics
 
 
 class MetricMeans:
@@ -136,20 +119,30 @@ class MetricMeans:
         return {k: total / self.counts[k] for k, total in zip(keys, totals, strict=True)}
 
 
-def apply_gradients(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float,
-                    average_grads: Callable[[list[torch.Tensor]], None] | None, ema: LoRAEMA | None,
-                    optimizer_step: int, means: MetricMeans) -> int:
-    """One optimizer step on the accumulated gradients, averaged over the workers first (when ``average_grads``)
-    and clipped to ``max_grad_norm``, then the EMA's; adds the norm before clipping to ``means`` as grad_norm.
-    Returns the optimizer step count."""
-    if average_grads is not None:
-        for p in params:  # every worker must reduce the same tensors
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        average_grads([p.grad for p in params])
-    means.add("grad_norm", torch.nn.utils.clip_grad_norm_(params, max_grad_norm).detach())
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if ema is not None:
-        ema.step(params, optimizer_step + 1)
-    return optimizer_step + 1
+@dataclass
+class Optimization:
+    """What every algorithm's update needs of the trainer: the optimizer over the LoRA ``params``, the optimizer
+    steps taken so far, the EMA, and (with data-parallel workers) the gradient average over them."""
+
+    optimizer: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    max_grad_norm: float
+    step: int = 0
+    ema: LoRAEMA | None = None
+    average_grads: Callable[[list[torch.Tensor]], None] | None = None
+
+    def apply(self, means: MetricMeans) -> None:
+        """One optimizer step on the accumulated gradients, averaged over the workers first (when
+        ``average_grads``) and clipped to ``max_grad_norm``, then the EMA's; adds the norm before clipping to
+        ``means`` as grad_norm."""
+        if self.average_grads is not None:
+            for p in self.params:  # every worker must reduce the same tensors
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.average_grads([p.grad for p in self.params])
+        means.add("grad_norm", torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm).detach())
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.step(self.params, self.step + 1)
+        self.step += 1

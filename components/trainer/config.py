@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, create_model, model_validator
 
+from components.algorithms.base import algorithm_class, algorithms
 from components.config_base import Section, Seed, check_strings, format_validation_error
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
@@ -16,6 +17,21 @@ from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainCo
 from components.models.config import TINY_GUIDANCE, GuidanceMode, ModelConfig
 from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
 from components.tracking.config import TrackingConfig
+
+
+def _with_algorithm_sections(base: type[TrainConfig]) -> type[TrainConfig]:
+    """`train:` with each algorithm's own section, `train.<key>`: all of them validated, the selected one read (so
+    any config switches algorithm with `train.algorithm=<key>`)."""
+    sections: dict[str, Any] = {}
+    for key, cls in algorithms().items():
+        if key in base.model_fields:
+            raise ValueError(f"the algorithm {key!r} ({cls.__module__}) is named as the train.{key} key; rename it")
+        sections[key] = (cls.Config, Field(default_factory=cls.Config,
+                                           description=f"{cls.name}'s own settings, read with train.algorithm {key}"))
+    return create_model("TrainConfig", __base__=base, __module__=__name__, **sections)
+
+
+TrainSection = _with_algorithm_sections(TrainConfig)
 
 
 class DistributedConfig(Section):
@@ -48,7 +64,7 @@ class TrainingJobConfig(Section):
     seed: Seed = Field(default=0, description="seeds the tiny model, prompt order, noise and LoRA init")
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    train: TrainSection = Field(default_factory=TrainSection)
     rewards: list[RewardSpec] = Field(
         default_factory=lambda: [RewardSpec(name="brightness")], min_length=1,
         description="training rewards",
@@ -85,13 +101,7 @@ class TrainingJobConfig(Section):
         problems = epoch_split_problems(self, 1)
         if problems:
             raise ValueError("; ".join(problems))
-        if t.algorithm == "diffusion_nft" and s.sde_window is not None:
-            raise ValueError("sampling.sde_window is FlowGRPO's: train.algorithm diffusion_nft samples with the ODE "
-                             "and trains on noise levels it draws itself; remove sampling.sde_window "
-                             "(an override: sampling.sde_window=null)")
-        if t.grpo_guard and (t.algorithm != "flow_grpo" or s.sde_type != "sde"):
-            raise ValueError("train.grpo_guard normalises the ratio of FlowGRPO's SDE steps: it needs train.algorithm "
-                             f"flow_grpo and sampling.sde_type sde (got {t.algorithm}, {s.sde_type})")
+        algorithm_class(t.algorithm).check(self)
         if t.train_cfg and s.guidance_scale == 1.0:
             raise ValueError("train.train_cfg is true but sampling.guidance_scale is 1 (no CFG to repeat)")
         if not t.cfg_uncond_grad and not t.train_cfg:
@@ -105,6 +115,11 @@ class TrainingJobConfig(Section):
         if self.reward_aggregation == "gdpo" and len(self.rewards) < 2:
             raise ValueError("reward_aggregation 'gdpo' needs at least two rewards; use 'sum' for one")
         return self
+
+
+def algorithm_notes(config: TrainingJobConfig) -> list[str]:
+    """What the selected algorithm says of the config: the settings it does not read."""
+    return algorithm_class(config.train.algorithm).check(config)
 
 
 def epoch_split_problems(config: TrainingJobConfig, workers: int) -> list[str]:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from components.algorithms.base import build_algorithm
 from components.console import status_line
 from components.dataset.prompts import PromptRow, held_out_rows, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
@@ -22,6 +23,7 @@ from components.flowgrpo.ema import LoRAEMA
 from components.flowgrpo.metrics import EpochEta, MetricsFile, learning_summary, progress_line
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import ode_images, sample_rollout
+from components.flowgrpo.update import Optimization
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 from components.models.loading import load_model
 from components.rewards.base import RewardOutput
@@ -36,10 +38,15 @@ from components.rewards.scoring import (
 )
 from components.tracking.tracker import SAMPLE_VIDEOS_DIR, SAMPLES_KEY, NullTracker, base_metrics
 from components.trainer import checkpoint as ckpt
-from components.trainer.algorithms import build_algorithm
 from components.trainer.collective import Collective
 from components.trainer.compilation import compile_transformer
-from components.trainer.config import TrainingJobConfig, check_guidance, describe_batches, epoch_split_problems
+from components.trainer.config import (
+    TrainingJobConfig,
+    algorithm_notes,
+    check_guidance,
+    describe_batches,
+    epoch_split_problems,
+)
 from components.trainer.run_output import (
     FINAL_LORA_DIR,
     METRICS_FILE,
@@ -274,6 +281,8 @@ class Trainer:
             say(f"torch.compile: {compile_transformer(self.model)} transformer blocks (compiled during the first "
                 "epoch)")
         say("batches: " + describe_batches(cfg, world.world_size))
+        for note in algorithm_notes(cfg):
+            say(f"note: {note}")
         return params
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -328,7 +337,7 @@ class Trainer:
         cfg, world = self.config, self.collective
         cpu_gen = _epoch_generator(cfg.seed, self.epoch)
         prompts = _epoch_prompts(self.rows, cfg.sampling.prompts_per_epoch, cpu_gen)
-        sampler = self.algorithm.sampler_settings(cpu_gen)
+        sampler = self.algorithm.sampler_settings(cpu_gen, self.epoch)
         group_size, batch_size = cfg.sampling.group_size, cfg.sampling.batch_size_per_worker
         share = len(prompts) // world.world_size
         mine = prompts[world.rank * share:(world.rank + 1) * share]
@@ -361,10 +370,10 @@ class Trainer:
         advantages = rollout_advantages(cfg, self.scorer.weights, outputs, combined, group_ids)
         local = slice(world.rank * len(rollout), (world.rank + 1) * len(rollout))
         with self.phase_scope("training"):
-            update_metrics, self.optimizer_step = self.algorithm.update(
-                self.optimizer, rollout, advantages[local], sampler, cpu_gen, self.ema, self.optimizer_step,
-                average_grads=world.average_ if world.world_size > 1 else None,
-            )
+            optim = Optimization(self.optimizer, self.params, cfg.train.max_grad_norm, self.optimizer_step, self.ema,
+                                 average_grads=world.average_ if world.world_size > 1 else None)
+            update_metrics = self.algorithm.update(rollout, advantages[local], sampler, cpu_gen, optim)
+            self.optimizer_step = optim.step
         t3 = time.perf_counter()
 
         self.epoch += 1

@@ -206,7 +206,7 @@ def sampling_breakdown(trainer: Any, config: ExperimentConfig) -> dict[str, floa
         return call
 
     prompts = epoch_prompts(config)
-    sampler = trainer.algorithm.sampler_settings(torch.Generator().manual_seed(0))
+    sampler = trainer.algorithm.sampler_settings(torch.Generator().manual_seed(0), 0)
     model.predict_velocity = timed(model.predict_velocity, "transformer")  # instance attributes shadow the methods
     model.decode = timed(model.decode, "vae_decode")
     try:

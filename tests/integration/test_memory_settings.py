@@ -9,13 +9,13 @@ from metric_rows import without_timing
 from rescoring import assert_ratio_is_one
 from safetensors.torch import load_file
 
+from components.algorithms.flow_grpo import FlowGRPO
 from components.errors import ConfigError
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import sample_rollout, step_log_prob
 from components.models.base import TEXT_ENCODERS
 from components.models.loading import load_model
 from components.trainer import checkpoint as ckpt
-from components.trainer.algorithms import FlowGRPO
 from components.trainer.loop import Trainer
 from pipeline.config import CONFIG_DIR, load_config
 
@@ -50,7 +50,7 @@ def test_gradient_checkpointing_recomputes_every_block_and_changes_no_ratio_and_
         for p in params:
             p.add_(0.01 * torch.randn_like(p))
     algorithm = FlowGRPO(config, model, params)
-    settings = algorithm.sampler_settings(torch.Generator().manual_seed(0))
+    settings = algorithm.sampler_settings(torch.Generator().manual_seed(0), 0)
     guidance = algorithm.training_guidance()
     rollout = sample_rollout(model, PROMPTS, 4, 8, settings, torch.Generator().manual_seed(1))
     advantages = torch.linspace(-1, 1, len(rollout))

@@ -132,7 +132,7 @@ def test_saved_lora_reloads_through_diffusers_and_reproduces_images(small_config
 def test_resume_gives_the_same_final_lora_as_an_uninterrupted_run(small_config, tmp_path, ema, algorithm):
     extra = ["train.ema.enabled=true", "train.ema.update_every=1", "train.ema.decay=0.5"] if ema else []
     # DiffusionNFT: an old policy that lags (decay 0.5 from the first step), so a resume must restore it
-    extra += [f"train.algorithm={algorithm}", "train.nft.decay_rate=0.5"]
+    extra += [f"train.algorithm={algorithm}", "train.diffusion_nft.decay_rate=0.5"]
     full = train(small_config("train.epochs=4", *extra), tmp_path / "full", log=_quiet)
     train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
     resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)

@@ -4,8 +4,9 @@
 import pytest
 import torch
 
+from components.flowgrpo.config import TrainConfig
 from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
-from components.flowgrpo.update import UpdateSettings, micro_batches, policy_update
+from components.flowgrpo.update import Optimization, micro_batches, policy_update
 from pipeline.config import TINY_CONFIG, load_config
 
 ADVANTAGES = torch.tensor([0.5, 0.0, -1.2, 0.0, 0.8, 0.0, 0.0, 1.1])
@@ -66,17 +67,18 @@ class _Recorder(torch.optim.SGD):
 def _gradient(model, params, settings, rollout, advantages, batch_size, skip) -> tuple[list[torch.Tensor], int, dict]:
     """The update's gradient (one optimizer step, no clipping) and the rows the training forwards saw."""
     optimizer = _Recorder(params, lr=0.0)
-    update = UpdateSettings(batch_size=batch_size, gradient_accumulation_steps=2, inner_epochs=1, clip_range=0.2,
-                            adv_clip_max=5.0, beta=0.0, max_grad_norm=1e9, guidance_scale=1.0, skip_zero_advantage=skip)
+    train = TrainConfig(batch_size_per_worker=batch_size, gradient_accumulation_steps=2, inner_epochs=1,
+                        clip_range=0.2, beta=0.0, max_grad_norm=1e9, skip_zero_advantage=skip)
+    optim = Optimization(optimizer, params, train.max_grad_norm)
     rows = []
     hook = model.transformer.register_forward_pre_hook(lambda _m, args, kwargs: rows.append(
         kwargs["hidden_states"].shape[0]), with_kwargs=True)
     try:
-        metrics, steps = policy_update(model, optimizer, params, rollout, advantages, settings, update,
-                                       torch.Generator().manual_seed(1), None, 0)
+        metrics = policy_update(model, rollout, advantages, settings, torch.Generator().manual_seed(1), optim, train,
+                                1.0)
     finally:
         hook.remove()
-    assert steps == 1
+    assert optim.step == 1
     return optimizer.grads, sum(rows), metrics
 
 
@@ -123,10 +125,10 @@ def test_ema_follows_upstreams_warmup_and_schedule_in_closed_form():
 
 def test_the_sde_window_lies_inside_its_range_as_upstreams_does():
     """Upstream draws the window's start with random.randint(lo, hi - size): inclusive, inside [lo, hi)."""
-    from components.trainer.algorithms import FlowGRPO
+    from components.algorithms.flow_grpo import FlowGRPO
 
     def _sampler_settings(config, generator):
-        return FlowGRPO(config, None, []).sampler_settings(generator)  # reads only the config
+        return FlowGRPO(config, None, []).sampler_settings(generator, 0)  # reads only the config
 
     config = load_config(TINY_CONFIG, ["sampling.sde_window.size=2", "sampling.sde_window.range=[1,6]"])
     windows = {_sampler_settings(config, torch.Generator().manual_seed(seed)).sde_steps for seed in range(200)}

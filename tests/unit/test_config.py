@@ -21,8 +21,16 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_defaults_equal_the_shipped_tiny_config_and_it_spells_every_key():
+    """Every key but the sections of the algorithms it names nowhere: adding an algorithm touches its own module
+    only (docs/DESIGN.md, "Adding an algorithm")."""
+    from components.algorithms.base import algorithms
+
     raw = yaml.safe_load(TINY.read_text())
-    assert raw == ExperimentConfig().model_dump(mode="json")
+    defaults = ExperimentConfig().model_dump(mode="json")
+    unnamed = set(algorithms()) - set(raw["train"])
+    assert unnamed < set(algorithms()) and "diffusion_nft" not in unnamed
+    defaults["train"] = {k: v for k, v in defaults["train"].items() if k not in unnamed}
+    assert raw == defaults
 
 
 def test_sd35_config_has_upstream_hyperparameters():
@@ -63,10 +71,12 @@ def test_override_can_fill_a_null_section():
         (["train.global_std=false"], ["train.global_std was replaced by train.advantage_std", "group (was false)"]),
         (["train.advantage_std=batch"], ["train.advantage_std", "'global', 'group' or 'none'"]),
         (["train.grpo_guard=true", "sampling.sde_type=cps"], ["train.grpo_guard", "sampling.sde_type sde", "cps"]),
-        (["train.grpo_guard=true", "train.algorithm=diffusion_nft"], ["train.grpo_guard", "flow_grpo"]),
-        (["train.algorithm=diffusion_nft", "sampling.sde_window.size=2", "sampling.sde_window.range=[0,5]"],
-         ["sampling.sde_window is FlowGRPO's", "diffusion_nft"]),
-        (["train.algorithm=grpo"], ["train.algorithm", "'flow_grpo' or 'diffusion_nft'"]),
+        (["train.grpo_guard=true", "train.algorithm=diffusion_nft"], ["train.grpo_guard", "diffusion_nft"]),
+        (["train.algorithm=grpo"], ["train.algorithm must be one of", "diffusion_nft", "flow_grpo", "'grpo'"]),
+        (["train.nft.beta=1"], ["train.nft was renamed train.diffusion_nft"]),
+        (["train.diffusion_nft.beta=-1"], ["train.diffusion_nft.beta", "greater than 0"]),
+        (["train.diffusion_nft.betta=1"], ["train.diffusion_nft.betta", "unknown key"]),
+        (["train.flow_grpo.guard_mean_shift=group"], ["train.flow_grpo.guard_mean_shift", "'sample' or 'batch'"]),
         (["train.epochs=many"], ["train.epochs", "integer"]),
         (["sampling.sde_type=ode"], ["sampling.sde_type"]),
         (["model.kind=diffusers"], ["model.path is required"]),
@@ -90,6 +100,38 @@ def test_bad_values_name_the_key(overrides, needles):
     assert "\n" not in message
     for needle in needles:
         assert needle in message
+
+
+def test_an_sde_window_under_an_ode_algorithm_is_a_note_not_an_error():
+    """Any config switches algorithm with one override: DiffusionNFT leaves a config's SDE window unread, and
+    says so."""
+    from components.trainer.config import algorithm_notes
+
+    window = ["sampling.sde_window.size=2", "sampling.sde_window.range=[0,5]"]
+    config = load_config(TINY, ["train.algorithm=diffusion_nft", *window])
+    assert algorithm_notes(config) == ["sampling.sde_window is not used: DiffusionNFT samples with the ODE"]
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=flow_grpo", *window])) == []
+
+
+def test_flow_grpo_hands_its_guard_mean_shift_to_the_update_and_notes_it_unread(monkeypatch):
+    """train.flow_grpo.guard_mean_shift reaches policy_update; without train.grpo_guard it is read by nothing, and
+    FlowGRPO says so."""
+    from types import SimpleNamespace
+
+    import components.flowgrpo.update as update
+    from components.algorithms.flow_grpo import FlowGRPO
+    from components.trainer.config import algorithm_notes
+
+    seen = {}
+    monkeypatch.setattr(update, "policy_update", lambda *args, **kwargs: seen.update(kwargs) or {})
+    model = SimpleNamespace(training_guidance_scale=lambda scale, train_cfg: 1.0)
+    for shift in ("sample", "batch"):
+        config = load_config(TINY, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"])
+        FlowGRPO(config, model, []).update(None, None, None, None, None)
+        assert seen["guard_mean_shift"] == shift
+        assert algorithm_notes(config) == []
+    assert algorithm_notes(load_config(TINY, ["train.flow_grpo.guard_mean_shift=batch"])) == [
+        "train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
 
 
 def test_duplicate_reward_is_rejected(tmp_path):

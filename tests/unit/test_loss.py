@@ -148,7 +148,7 @@ def test_adv_clip_max_and_mean_shift_are_checked():
 
     with pytest.raises(ValueError, match="adv_clip_max"):
         flow_grpo_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), clip_range=0.2, adv_clip_max=0.0)
-    with pytest.raises(ValueError, match=r"train\.guard_mean_shift"):
+    with pytest.raises(ValueError, match=r"train\.flow_grpo\.guard_mean_shift"):
         GuardTerms(old_mean=torch.zeros(2, 1), noise_std=torch.ones(2, 1), dt=0.1, mean_shift="group")
 
 
@@ -229,7 +229,8 @@ def _flow_factory_guard_loss(seed: int) -> tuple[torch.Tensor, torch.Tensor, tor
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_guard_mean_shift_batch_is_the_authors_code(seed):
-    """train.guard_mean_shift: batch gives the authors' loss, gradient and ratio, KL included; sample does not."""
+    """train.flow_grpo.guard_mean_shift: batch gives the authors' loss, gradient and ratio, KL included; sample
+    does not."""
     for beta in (0.0, 2.0):
         loss, grad, ratio = _ours("batch", seed, beta)
         a_loss, a_grad, a_ratio = _authors_guard_loss(seed, beta)
@@ -242,8 +243,8 @@ def test_guard_mean_shift_batch_is_the_authors_code(seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_guard_mean_shift_sample_is_flow_factorys_ratio_over_dt(seed):
-    """train.guard_mean_shift: sample gives Flow-Factory's ratio and its loss and gradient divided by |dt| (the
-    authors' reweighting, which Flow-Factory leaves out); batch does not."""
+    """train.flow_grpo.guard_mean_shift: sample gives Flow-Factory's ratio and its loss and gradient divided by
+    |dt| (the authors' reweighting, which Flow-Factory leaves out); batch does not."""
     dt = _guard_batch(seed)[-1]
     loss, grad, ratio = _ours("sample", seed, 0.0)
     f_loss, f_grad, f_ratio = _flow_factory_guard_loss(seed)
