@@ -1,10 +1,13 @@
 """FlowGRPO (docs/ALGORITHM.md sections 1-6): rollouts with SDE steps sampled by the trained weights, the clipped
 policy gradient on their stored transitions. Its knobs are `train:`'s policy-gradient keys (clip_range,
-grpo_guard, skip_zero_advantage, cfg_uncond_grad), which the algorithms built on it share."""
+grpo_guard, skip_zero_advantage, cfg_uncond_grad), which the algorithms built on it share, and its section
+`train.flow_grpo`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
 
 from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register
 
@@ -16,7 +19,16 @@ if TYPE_CHECKING:
 
 
 class FlowGRPOConfig(AlgorithmConfig):
-    """FlowGRPO reads `train:`'s shared policy-gradient keys; it has no section of its own yet."""
+    """FlowGRPO's own settings (`train.flow_grpo`), beside `train:`'s shared policy-gradient keys."""
+
+    guard_mean_shift: Literal["sample", "batch"] = Field(
+        default="sample",
+        description="with train.grpo_guard: over what mse = mean((mu - mu_old)^2) is averaged. sample (default): "
+                    "each sample's own, the paper's formula (each log-ratio is exactly mean(eps (mu - mu_old)), "
+                    "centred on 0), as Flow-Factory and verl-omni; batch: the micro-batch's, exactly as the authors' "
+                    "code (a torch mean over dim=() of a 1-D tensor reduces every dim), which leaves each sample's "
+                    "ratio its shift's deviation from the batch's (docs/ALGORITHM.md section 6)",
+    )
 
 
 @register("flow_grpo")
@@ -29,6 +41,8 @@ class FlowGRPO(Algorithm):
         if config.train.grpo_guard and config.sampling.sde_type != "sde":
             raise ValueError("train.grpo_guard normalises the ratio of the SDE step's Gaussian: it needs "
                              f"sampling.sde_type sde (got {config.sampling.sde_type})")
+        if config.train.flow_grpo.guard_mean_shift != "sample" and not config.train.grpo_guard:
+            return ["train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
         return []
 
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
@@ -50,4 +64,4 @@ class FlowGRPO(Algorithm):
         from components.flowgrpo.update import policy_update
 
         return policy_update(self.model, rollout, advantages, sampler, generator, optim, self.config.train,
-                             self.training_guidance())
+                             self.training_guidance(), guard_mean_shift=self.section.guard_mean_shift)

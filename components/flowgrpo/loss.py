@@ -7,8 +7,13 @@ Imports only torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+# Over what GRPO-Guard averages the mean shift mse = mean((mu - mu_old)^2): each sample's own (the paper's
+# formula, Flow-Factory, verl-omni) or the whole micro-batch's (the authors' code); docs/ALGORITHM.md section 6.
+GuardMeanShift = Literal["sample", "batch"]
 
 
 def _per_sample_mean(x: torch.Tensor) -> torch.Tensor:
@@ -18,20 +23,32 @@ def _per_sample_mean(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class GuardTerms:
     """What GRPO-Guard needs of one stored transition: the rollout's own mean, the step's noise std
-    ``s = std_dev_t * sqrt(-dt)`` and ``|dt|``."""
+    ``s = std_dev_t * sqrt(-dt)``, ``|dt|``, and over what the mean shift is averaged."""
 
     old_mean: torch.Tensor
     noise_std: torch.Tensor  # (B, 1, ..., 1)
     dt: float  # |sigma_next - sigma|
+    mean_shift: GuardMeanShift = "sample"
+
+    def __post_init__(self) -> None:
+        if self.mean_shift not in ("sample", "batch"):
+            raise ValueError("mean_shift must be 'sample' or 'batch' (train.flow_grpo.guard_mean_shift), "
+                             f"got {self.mean_shift!r}")
 
 
 def guard_log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, mean: torch.Tensor,
                     guard: GuardTerms) -> torch.Tensor:
     """GRPO-Guard's normalised log-ratio ``s (logp - logp_old) + mean_CHW((mean - old_mean)^2) / (2 s)``, which
     equals ``mean_CHW(eps * (mean - old_mean))`` (``eps`` the step's drawn noise): centred on 0 with the same
-    spread at every step, where the plain log-ratio is shifted by ``-mse / (2 s^2)``."""
+    spread at every step, where the plain log-ratio is shifted by ``-mse / (2 s^2)``.
+
+    ``mse`` is each sample's own with ``guard.mean_shift`` "sample"; with "batch" it is the micro-batch's mean, as
+    the authors' code computes it (``.mean(dim=())`` on a 1-D log-prob reduces every dim): each sample's log-ratio
+    then keeps ``(mse_batch - mse_i) / (2 s)`` of its own shift."""
     s = _per_sample_mean(guard.noise_std.float())
     mse = _per_sample_mean((mean.float() - guard.old_mean.float()) ** 2)
+    if guard.mean_shift == "batch":
+        mse = mse.mean()
     return s * (log_prob - old_log_prob.detach()) + mse / (2 * s)
 
 
@@ -41,6 +58,7 @@ def flow_grpo_loss(
     advantages: torch.Tensor,
     *,
     clip_range: float,
+    adv_clip_max: float,
     mean: torch.Tensor | None = None,
     ref_mean: torch.Tensor | None = None,
     std_dev_t: torch.Tensor | None = None,
@@ -49,12 +67,20 @@ def flow_grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-style clipped loss on per-sample log-probs of one timestep.
 
+    The advantages are clipped to ``[-adv_clip_max, adv_clip_max]`` here, as the authors' GRPO-Guard code,
+    Flow-Factory and verl-omni clip them in the loss: the loss is then right whatever its caller passed (an
+    unclipped advantage scales its sample's term without bound, most under GRPO-Guard's ``1 / |dt|``), and
+    clipping advantages already clipped changes no bit. Refusing out-of-range input instead would need a host
+    read of the advantages on every forward.
+
     ``kl = mean_CHW((mean - ref_mean)**2) / (2 * std_dev_t**2)``, averaged over the
     batch, is added with weight ``beta`` when ``beta > 0``. With ``guard`` (GRPO-Guard)
     the ratio is ``exp(guard_log_ratio)`` and the policy loss is divided by ``|dt|``
     (the KL is not). Metrics are detached.
     """
-    adv = advantages.to(log_prob.dtype)
+    if not adv_clip_max > 0:
+        raise ValueError(f"adv_clip_max must be positive (train.adv_clip_max), got {adv_clip_max}")
+    adv = advantages.to(log_prob.dtype).clamp(-adv_clip_max, adv_clip_max)
     if guard is None:
         log_ratio = log_prob - old_log_prob.detach()
     else:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from components.flowgrpo.ema import LoRAEMA
-from components.flowgrpo.loss import GuardTerms, flow_grpo_loss
+from components.flowgrpo.loss import GuardMeanShift, GuardTerms, flow_grpo_loss
 from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.models.base import FlowMatchingModel
 
@@ -51,9 +51,10 @@ def policy_update(
     optim: Optimization,
     train: TrainConfig,
     guidance_scale: float,
+    guard_mean_shift: GuardMeanShift = "sample",
 ) -> dict[str, float]:
     """Run the inner epochs of FlowGRPO's update (``train``: the `train:` section; ``guidance_scale``: the training
-    forward's); returns mean metrics.
+    forward's; ``guard_mean_shift``: train.flow_grpo's, with train.grpo_guard); returns mean metrics.
 
     Gradients accumulate over all trained timesteps of ``gradient_accumulation_steps`` micro-batches, then
     ``optim`` takes one clipped step, averaged over the data-parallel workers first.
@@ -82,10 +83,12 @@ def policy_update(
                 if train.grpo_guard:
                     sigma, sigma_next = rollout.levels[t]
                     guard = GuardTerms(old_mean=rollout.means[idx, t], dt=sigma - sigma_next,
-                                       noise_std=std_dev_t * (sigma - sigma_next) ** 0.5)
+                                       noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
+                                       mean_shift=guard_mean_shift)
                 loss, metrics = flow_grpo_loss(
                     log_prob, rollout.log_probs[idx, t], device_advantages[idx], clip_range=train.clip_range,
-                    mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=train.beta, guard=guard,
+                    adv_clip_max=train.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t,
+                    beta=train.beta, guard=guard,
                 )
                 (loss * scale).backward()
                 step = sampler.train_steps[t]

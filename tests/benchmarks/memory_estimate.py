@@ -315,7 +315,7 @@ def _training(model: FlowMatchingModel, rollout: Rollout, settings: SamplerSetti
         result["kl_reference"] = live.peak - start  # transient, on top of the held training graph
         live.peak = max(outer_peak, live.peak)
     loss, _ = flow_grpo_loss(log_prob, rollout.log_probs[idx, 0], torch.ones(len(idx)), clip_range=0.2,
-                             mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=beta)
+                             adv_clip_max=5.0, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=beta)
     loss.backward()
     return rows
 

@@ -203,3 +203,53 @@ def test_the_trainer_reads_train_advantage_std(std):
     got = rollout_advantages(config, {"brightness": 1.0}, {}, combined, torch.tensor(g))
     np.testing.assert_allclose(got.numpy(), _numpy_advantages(combined.astype(np.float32), g, std), rtol=1e-5,
                                atol=1e-7)
+
+
+def _groups(size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Groups of ``size`` rewards: random spreads from 1e-3 to 1e3, near-constant ones (spreads of 1e-9 and
+    1e-5, below Flow-Factory's 1e-6 floor and our 1e-4 eps; one differing from the rest by one ulp) and one
+    sample away from the others, where the bound is attained."""
+    ulp = np.full(size, 0.3)
+    ulp[0] = np.nextafter(0.3, 1.0)
+    return [
+        *(rng.normal(size=size) * 10 ** rng.uniform(-3, 3) for _ in range(20)),
+        0.3 + rng.normal(size=size) * 1e-9,
+        0.3 + rng.normal(size=size) * 1e-5,
+        ulp,
+        np.where(np.arange(size) == size // 2, 2.0, -1.0),
+    ]
+
+
+@pytest.mark.parametrize("size", [2, 3, 5, 8, 16, 26, 27, 64])
+def test_a_group_normalised_advantage_is_at_most_sqrt_of_group_size_minus_one(size):
+    """Each group divided by its own (population) std: |r_i - mean| <= sqrt(G - 1) std (Samuelson), so every
+    advantage is at most sqrt(G - 1) whatever the std, near-constant groups included; with our eps 1e-4
+    (strictly below) as with Flow-Factory's 1e-6 floor. A sample away from the rest attains it."""
+    bound = math.sqrt(size - 1)
+    for r in _groups(size, np.random.default_rng(size)):
+        ours = compute_advantages(torch.tensor(r), torch.zeros(size), std="group", clip=math.inf).abs().max().item()
+        flow_factory = float(np.abs((r - r.mean()) / max(r.std(), 1e-6)).max())  # compute_advantages_gdpo, b9e47bcc
+        assert ours < bound
+        assert flow_factory <= bound * (1 + 1e-12)
+    outlier = torch.tensor(_groups(size, np.random.default_rng(0))[-1])
+    assert compute_advantages(outlier, torch.zeros(size), std="group", clip=math.inf).abs().max().item() == (
+        pytest.approx(bound, rel=1e-3))
+
+
+@pytest.mark.parametrize("size", [2, 8, 26, 27])
+def test_gdpo_per_reward_clip_binds_only_beyond_groups_of_26(size):
+    """With train.gdpo_reward_std group, adv_clip_max 5 on each reward's advantage never binds for groups of 26 or
+    fewer (sqrt(25) = 5): GDPO then equals its unclipped-per-reward form; at 27 one sample away from its group
+    is clipped."""
+    rng = np.random.default_rng(size)
+    g = np.repeat(np.arange(3), size)
+    rewards = {k: np.concatenate([rng.normal(size=size), rng.normal(size=size) * 1e-5,
+                                  np.where(np.arange(size) == 0, 3.0, 0.0)]) for k in ("a", "b")}
+    w = {"a": 1.0, "b": 0.5}
+    total = sum(w[k] * _numpy_advantages(r, g, "group", clip=math.inf) for k, r in rewards.items())
+    expected = np.clip((total - total.mean()) / total.std(), -5.0, 5.0)
+    got = gdpo_advantages({k: torch.tensor(r) for k, r in rewards.items()}, w, torch.tensor(g), clip=5.0).numpy()
+    if size <= 26:
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+    else:
+        assert np.abs(got - expected).max() > 1e-3

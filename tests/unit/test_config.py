@@ -76,6 +76,7 @@ def test_override_can_fill_a_null_section():
         (["train.nft.beta=1"], ["train.nft was renamed train.diffusion_nft"]),
         (["train.diffusion_nft.beta=-1"], ["train.diffusion_nft.beta", "greater than 0"]),
         (["train.diffusion_nft.betta=1"], ["train.diffusion_nft.betta", "unknown key"]),
+        (["train.flow_grpo.guard_mean_shift=group"], ["train.flow_grpo.guard_mean_shift", "'sample' or 'batch'"]),
         (["train.epochs=many"], ["train.epochs", "integer"]),
         (["sampling.sde_type=ode"], ["sampling.sde_type"]),
         (["model.kind=diffusers"], ["model.path is required"]),
@@ -110,6 +111,27 @@ def test_an_sde_window_under_an_ode_algorithm_is_a_note_not_an_error():
     config = load_config(TINY, ["train.algorithm=diffusion_nft", *window])
     assert algorithm_notes(config) == ["sampling.sde_window is not used: DiffusionNFT samples with the ODE"]
     assert algorithm_notes(load_config(TINY, ["train.algorithm=flow_grpo", *window])) == []
+
+
+def test_flow_grpo_hands_its_guard_mean_shift_to_the_update_and_notes_it_unread(monkeypatch):
+    """train.flow_grpo.guard_mean_shift reaches policy_update; without train.grpo_guard it is read by nothing, and
+    FlowGRPO says so."""
+    from types import SimpleNamespace
+
+    import components.flowgrpo.update as update
+    from components.algorithms.flow_grpo import FlowGRPO
+    from components.trainer.config import algorithm_notes
+
+    seen = {}
+    monkeypatch.setattr(update, "policy_update", lambda *args, **kwargs: seen.update(kwargs) or {})
+    model = SimpleNamespace(training_guidance_scale=lambda scale, train_cfg: 1.0)
+    for shift in ("sample", "batch"):
+        config = load_config(TINY, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"])
+        FlowGRPO(config, model, []).update(None, None, None, None, None)
+        assert seen["guard_mean_shift"] == shift
+        assert algorithm_notes(config) == []
+    assert algorithm_notes(load_config(TINY, ["train.flow_grpo.guard_mean_shift=batch"])) == [
+        "train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
 
 
 def test_duplicate_reward_is_rejected(tmp_path):

@@ -41,8 +41,8 @@ RUN_OUTPUTS = {"runs", "checkpoints", "samples", "lora", "logs", "eval", "s3", "
 OUTPUT_FILES = {"config.yaml", "config.json", "eval.json", "run.json", "manifest.json", "_MANIFEST.json",
                 "model_index.json", "report.html", "rewards.yaml", "my.yaml", "shapes-sd3.json", "lora.png", "base.png",
                 "pytorch_lora_weights.safetensors"}
-# Upstream flow_grpo (GRPO-Guard included), DiffusionNFT and Flow-Factory files, cited with the commit they were
-# read at (docs/ALGORITHM.md).
+# Upstream flow_grpo (GRPO-Guard included), DiffusionNFT, Flow-Factory and verl-omni files, cited with the commit
+# they were read at (docs/ALGORITHM.md).
 UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_flux.py",
             "scripts/train_qwenimage_edit_plus.py", "train_sd3.py", "train_sd3_fast.py", "train_flux.py",
             "config/grpo.py", "flow_grpo/ema.py", "flow_grpo/stat_tracking.py", "src/flow_factory/trainers/grpo.py",
@@ -50,7 +50,7 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "scripts/train_sd3_GRPO_Guard.py", "examples/grpo/lora/flux2_klein/default.yaml",
             "src/flow_factory/models/flux/flux2_klein.py", "examples/grpo/lora/z_image/default.yaml",
             "src/flow_factory/models/z_image/z_image.py", "examples/grpo/lora/wan21/t2v.yaml",
-            "src/flow_factory/models/wan/wan2_t2v.py"}
+            "src/flow_factory/models/wan/wan2_t2v.py", "verl_omni/trainer/diffusion/diffusion_algos.py"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
