@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from components.flowgrpo.sde import euler_step, sde_step_with_logprob
+from components.flowgrpo.sde import ODE_SOLVERS, data_prediction, dpm2_step, euler_step, sde_step_with_logprob
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 
@@ -21,9 +21,16 @@ class SamplerSettings:
     noise_level: float
     sde_type: str
     resolution: int
-    sde_steps: tuple[int, ...]  # steps that inject noise; the others are Euler (ODE) steps
+    sde_steps: tuple[int, ...]  # steps that inject noise; the others are ODE steps
     train_steps: tuple[int, ...]  # consecutive subset of sde_steps whose transitions are stored for training
     keep_means: bool = False  # also store each trained transition's SDE mean (GRPO-Guard's ratio needs it)
+    # the ODE steps after the last SDE step: Euler, or DPM-Solver++(2M) on the data predictions of all steps so far
+    # (MixGRPO-Flash, docs/ALGORITHM.md section 12); the ODE steps before it are Euler either way
+    ode_solver: str = "euler"
+
+    def __post_init__(self) -> None:
+        if self.ode_solver not in ODE_SOLVERS:
+            raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {self.ode_solver!r}")
 
 
 def plan_steps(
@@ -116,6 +123,8 @@ def sample_rollout(
     if train_steps and train_steps != tuple(range(train_steps[0], train_steps[0] + len(train_steps))):
         raise ValueError(f"train_steps must be consecutive, got {train_steps}")
     last_stored = train_steps[-1] if train_steps else settings.num_steps - 1  # none: keep the final latent only
+    multistep = settings.ode_solver == "dpm2"
+    last_sde = max(sde_steps, default=-1)
 
     trajectories, log_probs, images, means = [], [], [], []
     for b, idx in enumerate(prompt_index.split(batch_size)):
@@ -123,6 +132,7 @@ def sample_rollout(
         cond = embeds.select(idx)
         x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
         states, lps, step_means = [], [], []
+        previous = None  # the last step's (data prediction, sigma), for the multistep solver
         for i in range(settings.num_steps):
             if check is not None:
                 check()
@@ -133,8 +143,12 @@ def sample_rollout(
                     v, s, s_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
                     generator=batch_generator,
                 )
+            elif multistep and i > last_sde:
+                x_next, lp, mean = dpm2_step(v, s, s_next, x, previous), None, None
             else:
                 x_next, lp, mean = euler_step(v, s, s_next, x), None, None
+            if multistep:
+                previous = (data_prediction(v, s, x), s)
             if i in train_steps:
                 states.append(x)
                 lps.append(lp)
