@@ -1,6 +1,6 @@
 """MixGRPO (docs/ALGORITHM.md section 12): FlowGRPO whose SDE steps, and so its policy gradient, lie only on a
 window of consecutive denoising steps that slides from the noisiest steps towards the clean ones as training goes
-on; every other step is an ODE step, after the window optionally by DPM-Solver++(2M) (MixGRPO-Flash)."""
+on; every other step is an ODE step, after the window optionally by DPM-Solver++(2M) on fewer steps (MixGRPO-Flash)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ class MixGRPOConfig(FlowGRPOConfig):
     ode_solver: Literal["euler", "dpm2"] = Field(
         default="euler", description="the ODE steps after the window: euler (MixGRPO) or dpm2, DPM-Solver++(2M) "
                                      "(MixGRPO-Flash); those before it are Euler either way")
+    tail_ratio: float = Field(default=1.0, gt=0, le=1,
+                              description="the fraction of the schedule's points after the window that the ODE "
+                                          "steps there visit: fewer forwards (upstream dpm_post_compress_ratio; "
+                                          "Flash 0.4)")
 
 
 def window_steps(epoch: int, num_steps: int, size: int, stride: int, shift_interval: int) -> tuple[int, ...]:
@@ -63,4 +67,4 @@ class MixGRPO(FlowGRPO):
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
         m = self.section
         steps = window_steps(epoch, self.config.sampling.num_steps, m.window_size, m.stride, m.shift_interval)
-        return self._sampler(steps, steps, ode_solver=m.ode_solver)
+        return self._sampler(steps, steps, ode_solver=m.ode_solver, tail_ratio=m.tail_ratio)

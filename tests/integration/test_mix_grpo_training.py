@@ -17,6 +17,10 @@ MOVING = ["train.algorithm=mix_grpo", "sampling.num_steps=6", "train.mix_grpo.wi
           "train.mix_grpo.shift_interval=1"]
 
 
+# MixGRPO's ODE steps, or MixGRPO-Flash's: DPM-Solver++(2M) after the window on 40% of its points
+SOLVERS = {"euler": [], "flash": ["train.mix_grpo.ode_solver=dpm2", "train.mix_grpo.tail_ratio=0.4"]}
+
+
 def _quiet(_msg: str) -> None:
     pass
 
@@ -30,14 +34,14 @@ def _trained_steps(row: dict) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solver", ["euler", "dpm2"])
+@pytest.mark.parametrize("solver", SOLVERS)
 def test_mix_grpo_learns_on_the_tiny_model_with_its_window_sliding(tmp_path, solver):
     """20 epochs of the tiny default config (10 steps), the window of 4 moving every 2 epochs: the training
     reward's trend has its 95% CI above 0, and each epoch trained exactly the window upstream's rule gives it."""
     from pipeline.config import TINY_CONFIG, load_config
 
     config = load_config(TINY_CONFIG, ["train.algorithm=mix_grpo", "train.epochs=20", "tracking.sample_every=0",
-                                       "train.mix_grpo.shift_interval=2", f"train.mix_grpo.ode_solver={solver}"])
+                                       "train.mix_grpo.shift_interval=2", *SOLVERS[solver]])
     result = train(config, tmp_path, log=_quiet)
     summary = result.learning_summary()
     assert summary["learned"], summary
@@ -46,9 +50,9 @@ def test_mix_grpo_learns_on_the_tiny_model_with_its_window_sliding(tmp_path, sol
     assert windows[14] == [7] and windows[16] == [0, 1, 2, 3]  # cut before step 8, then back to the start
 
 
-@pytest.mark.parametrize("solver", ["euler", "dpm2"])
+@pytest.mark.parametrize("solver", SOLVERS)
 def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_path, solver):
-    extra = [*MOVING, f"train.mix_grpo.ode_solver={solver}", "tracking.sample_every=0"]  # no grid at epoch 2
+    extra = [*MOVING, *SOLVERS[solver], "tracking.sample_every=0"]  # no grid at epoch 2
     full = train(small_config("train.epochs=4", *extra), tmp_path / "full", log=_quiet)
     train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
     resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)
@@ -60,11 +64,11 @@ def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_pa
 
 
 def test_fsdp_trains_the_lora_the_unsharded_run_trains(tmp_path):
-    # sharded_training.RUN's shape: 2 workers x 4 images, micro-batches of 2, KL and EMA on; Flash's solver
+    # sharded_training.RUN's shape: 2 workers x 4 images, micro-batches of 2, KL and EMA on; Flash
     run = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
            "train.batch_size_per_worker=2", "train.beta=0.04", "train.ema.enabled=true", "train.ema.update_every=1",
            "tracking.system_metrics=false", "tracking.sample_every=0", "train.epochs=2", *MOVING,
-           "train.mix_grpo.ode_solver=dpm2"]
+           *SOLVERS["flash"]]
     for sharding in ("none", "fsdp"):
         run_in_process_group(train_tiny, 2, [*run, f"train.sharding={sharding}"], str(tmp_path / sharding))
     plain, sharded = _lora(tmp_path / "none" / "lora"), _lora(tmp_path / "fsdp" / "lora")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from components.algorithms.mix_grpo import window_steps
-from components.flowgrpo.rollout import SamplerSettings, sample_rollout
+from components.flowgrpo.rollout import SamplerSettings, sample_rollout, step_path
 from components.flowgrpo.sde import data_prediction, dpm2_step, euler_step, sde_step_with_logprob
 
 # -- the window -------------------------------------------------------------------------------------
@@ -152,28 +152,27 @@ class Embeds:
         return self.rows[index].view(-1, 1, 1, 1)
 
 
-def upstream_rollout(model, cond, x, window, noise_level, generator, num_steps):
+def upstream_rollout(model, cond, x, window, noise_level, generator, num_steps, compress_ratio):
     """Tencent-Hunyuan/MixGRPO fastvideo/utils/sampling_utils.py@d270daf run_sample_step with
     dpm_algorithm_type "dpmsolver++", dpm_apply_strategy "post", dpm_solver_order 2, dpm_solver_type "midpoint",
-    flow_grpo_sampling, sde_type "sde", dpm_post_compress_ratio 1 (its rebuilt schedule is then the original one),
-    in float64; the SDE noise drawn from ``generator`` in the sampler's order."""
+    flow_grpo_sampling, sde_type "sde", in float64; the SDE noise drawn from ``generator`` in the sampler's order."""
     f64 = torch.float64
     sigma_schedule = torch.linspace(1, 0, num_steps + 1, dtype=f64)
     sigma_schedule = 3 * sigma_schedule / (1 + 2 * sigma_schedule)  # sd3_time_shift(3, t)
     determistic = [i not in window for i in range(num_steps)]
     last_false_index = max(window)
-    num_post_steps = int(max((sigma_schedule.size(0) - 1 - last_false_index) * 1.0, 1))
+    num_post_steps = int(max((sigma_schedule.size(0) - 1 - last_false_index) * compress_ratio, 1))
     post_time_step = torch.linspace(1, 0, sigma_schedule.size(0), dtype=f64)[last_false_index + 1].item()
     post = torch.linspace(post_time_step, 0, num_post_steps, dtype=f64)
     sigma_schedule = torch.cat([sigma_schedule[:last_false_index + 1], 3 * post / (1 + 2 * post)])
-    assert sigma_schedule.shape == (num_steps + 1,)
+    timesteps = sigma_schedule[:-1]
 
     def alpha_sigma_lambda(sig):
         return 1 - sig, sig, torch.log(1 - sig) - torch.log(sig)
 
     model_outputs, lower_order_nums = [None, None], 0
     z = x.to(f64)
-    for i in range(num_steps):
+    for i in range(len(timesteps)):
         sigma, sigma_prev = sigma_schedule[i], sigma_schedule[i + 1]
         pred = model.predict_velocity(z, sigma.item(), cond.to(f64), 1.0)
         x_0 = z - sigma * pred
@@ -190,7 +189,7 @@ def upstream_rollout(model, cond, x, window, noise_level, generator, num_steps):
                 noise = torch.randn(z.shape, generator=generator, dtype=torch.float32).to(f64)
                 z = mean + std_dev_t * torch.sqrt(-1 * dt) * noise
         else:  # dpm_step, deterministic
-            lower_order_final = i == num_steps - 1
+            lower_order_final = i == len(timesteps) - 1
             alpha_t, sigma_t, lambda_t = alpha_sigma_lambda(sigma_prev)
             _, sigma_s0, lambda_s0 = alpha_sigma_lambda(sigma)
             if lower_order_nums < 1 or lower_order_final:
@@ -205,25 +204,55 @@ def upstream_rollout(model, cond, x, window, noise_level, generator, num_steps):
                 z = (sigma_t / sigma_s0) * z - (alpha_t * (torch.exp(-h) - 1.0)) * d0 - 0.5 * (
                     alpha_t * (torch.exp(-h) - 1.0)) * d1
         lower_order_nums = min(lower_order_nums + 1, 2)
-    return z
+    return z, len(timesteps)
 
 
-@pytest.mark.parametrize(("num_steps", "window"), [(10, (0, 1)), (10, (2, 3, 4)), (12, (5,)), (8, (0,))])
-def test_flash_rollout_matches_upstreams_sampler(num_steps, window):
-    model, cond = FakeModel(num_steps), torch.tensor([0.2, -0.4, 0.7])
-    embeds = Embeds(cond)
-    finals = {}
+class CountingModel(FakeModel):
+    def predict_velocity(self, *args, **kwargs):
+        self.forwards += 1
+        return super().predict_velocity(*args, **kwargs)
+
+
+# compressed so that upstream's re-gridded points fall on the schedule's own: (25, window 0..3, 0.2) is Flash*
+@pytest.mark.parametrize(("num_steps", "window", "ratio"), [
+    (10, (0, 1), 1.0), (10, (2, 3, 4), 1.0), (12, (5,), 1.0), (8, (0,), 1.0),
+    (10, (0, 1), 0.56), (25, (0, 1, 2, 3), 0.2), (25, (3, 4, 5, 6), 0.4),
+])
+def test_flash_rollout_matches_upstreams_sampler(num_steps, window, ratio):
+    cond = torch.tensor([0.2, -0.4, 0.7])
+    finals, forwards = {}, {}
     for solver in ("dpm2", "euler"):
-        settings = SamplerSettings(num_steps, 1.0, 0.7, "sde", 8, window, (), ode_solver=solver)
+        model = CountingModel(num_steps)
+        model.forwards = 0
+        settings = SamplerSettings(num_steps, 1.0, 0.7, "sde", 8, window, (), ode_solver=solver, tail_ratio=ratio)
         rollout = sample_rollout(model, ["a", "b", "c"], 2, 6, settings, torch.Generator().manual_seed(3),
-                                 embeds=embeds)
-        finals[solver] = rollout.trajectory[:, -1]
+                                 embeds=Embeds(cond))
+        finals[solver], forwards[solver] = rollout.trajectory[:, -1], model.forwards
     gen = torch.Generator().manual_seed(3)
     x = torch.randn((6, *SHAPE), generator=gen, dtype=torch.float32)
-    reference = upstream_rollout(model, cond.repeat_interleave(2).view(-1, 1, 1, 1), x, window, 0.7, gen,
-                                 num_steps)
+    reference, steps = upstream_rollout(FakeModel(num_steps), cond.repeat_interleave(2).view(-1, 1, 1, 1), x, window,
+                                        0.7, gen, num_steps, ratio)
     assert torch.allclose(finals["dpm2"].double(), reference, atol=2e-5, rtol=1e-5)
+    assert forwards["dpm2"] == forwards["euler"] == steps  # one forward per step, fewer when compressed
     assert (finals["euler"].double() - reference).abs().max() > 1e-3  # the solvers differ where the test looks
+
+
+@pytest.mark.parametrize("ratio", [0.2, 0.3, 0.4, 0.56, 0.75, 1.0])
+def test_the_compressed_tail_is_upstreams_regridding_rounded_to_the_schedules_points(ratio):
+    for num_steps in range(3, 31):
+        for last in range(num_steps):
+            path = step_path(num_steps, last, ratio)
+            assert path[:last + 2] == list(range(last + 2))
+            n = int(max((num_steps - last) * ratio, 1))  # upstream's num_post_steps
+            if n < 2:  # upstream would stop at sigma[last + 1]; ours still takes one step to 0
+                assert path[last + 1:] == sorted({last + 1, num_steps})
+                continue
+            # upstream's points are linspace(t[last + 1], 0, n) in the unshifted time t = 1 - index / num_steps
+            t = np.linspace(1 - (last + 1) / num_steps, 0, n)
+            upstream = (1 - t) * num_steps
+            assert len(path) - (last + 1) == n
+            assert np.all(np.abs(np.array(path[last + 1:]) - upstream) <= 0.5 + 1e-9)
+    assert step_path(10, 3, 1.0) == list(range(11)) and step_path(10, -1, 0.5) == [0, 3, 5, 8, 10]
 
 
 def test_euler_default_is_the_plain_loop_bit_for_bit():
@@ -245,6 +274,8 @@ def test_euler_default_is_the_plain_loop_bit_for_bit():
     assert torch.equal(rollout.trajectory[:, -1], x)
 
 
-def test_unknown_solver_is_refused():
+def test_unknown_solver_and_ratio_are_refused():
     with pytest.raises(ValueError, match="ode_solver must be one of"):
         SamplerSettings(4, 1.0, 0.7, "sde", 8, (0,), (0,), ode_solver="heun")
+    with pytest.raises(ValueError, match="tail_ratio must be in"):
+        SamplerSettings(4, 1.0, 0.7, "sde", 8, (0,), (0,), tail_ratio=0)
