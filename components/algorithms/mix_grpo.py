@@ -40,12 +40,16 @@ class MixGRPOConfig(FlowGRPOConfig):
                                           "Flash 0.4)")
 
 
+def _reach(num_steps: int) -> int:
+    if num_steps <= UNTRAINED_TAIL:
+        raise ValueError(f"MixGRPO's window needs sampling.num_steps >= {UNTRAINED_TAIL + 1}, got {num_steps}")
+    return num_steps - UNTRAINED_TAIL
+
+
 def window_steps(epoch: int, num_steps: int, size: int, stride: int, shift_interval: int) -> tuple[int, ...]:
     """The window's steps at ``epoch``: it starts on step 0, moves ``stride`` steps every ``shift_interval`` epochs,
     is cut at ``num_steps - UNTRAINED_TAIL`` and starts over on step 0 when it would begin there."""
-    reach = num_steps - UNTRAINED_TAIL
-    if reach < 1:
-        raise ValueError(f"MixGRPO's window needs sampling.num_steps >= {UNTRAINED_TAIL + 1}, got {num_steps}")
+    reach = _reach(num_steps)
     positions = 1 if stride == 0 else (reach - 1) // stride + 1
     start = (epoch // shift_interval) % positions * stride
     return tuple(range(start, min(start + size, reach)))
@@ -59,7 +63,7 @@ class MixGRPO(FlowGRPO):
     @classmethod
     def check(cls, config: JobConfig) -> list[str]:
         notes = super().check(config)
-        window_steps(0, config.sampling.num_steps, 1, 0, 1)  # raises for too few steps
+        _reach(config.sampling.num_steps)
         if config.sampling.sde_window is not None:
             notes.append("sampling.sde_window is not used: MixGRPO's window is train.mix_grpo's")
         return notes

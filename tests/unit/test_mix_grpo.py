@@ -66,6 +66,20 @@ def test_window_moves_by_epoch_only_and_refuses_too_few_steps():
         window_steps(0, 2, 1, 1, 1)
 
 
+def test_config_notes_the_unread_sde_window_and_refuses_too_few_steps():
+    from components.errors import ConfigError
+    from components.trainer.config import algorithm_notes
+    from pipeline.config import TINY_CONFIG, load_config
+
+    config = load_config(TINY_CONFIG, ["train.algorithm=mix_grpo", "sampling.sde_window={size: 2, range: [0, 5]}"])
+    assert any("sampling.sde_window is not used" in note for note in algorithm_notes(config))
+    assert config.train.mix_grpo.window_size == 4 and config.train.mix_grpo.ode_solver == "euler"
+    with pytest.raises(ConfigError, match="num_steps >= 3"):
+        load_config(TINY_CONFIG, ["train.algorithm=mix_grpo", "sampling.num_steps=2"])
+    with pytest.raises(ConfigError, match="tail_ratio"):
+        load_config(TINY_CONFIG, ["train.mix_grpo.tail_ratio=0"])
+
+
 # -- the solver: closed forms -------------------------------------------------------------------------
 
 
