@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register
+from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register, section_of
 
 if TYPE_CHECKING:
     import torch
@@ -41,8 +41,8 @@ class FlowGRPO(Algorithm):
         if config.train.grpo_guard and config.sampling.sde_type != "sde":
             raise ValueError("train.grpo_guard normalises the ratio of the SDE step's Gaussian: it needs "
                              f"sampling.sde_type sde (got {config.sampling.sde_type})")
-        if config.train.flow_grpo.guard_mean_shift != "sample" and not config.train.grpo_guard:
-            return ["train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
+        if section_of(config).guard_mean_shift != "sample" and not config.train.grpo_guard:
+            return [f"train.{cls.key}.guard_mean_shift is not used: train.grpo_guard is false"]
         return []
 
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from components.flowgrpo.sde import euler_step, sde_step_with_logprob
+from components.flowgrpo.sde import ODE_SOLVERS, data_prediction, dpm2_step, euler_step, sde_step_with_logprob
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 
@@ -21,9 +22,21 @@ class SamplerSettings:
     noise_level: float
     sde_type: str
     resolution: int
-    sde_steps: tuple[int, ...]  # steps that inject noise; the others are Euler (ODE) steps
+    sde_steps: tuple[int, ...]  # steps that inject noise; the others are ODE steps
     train_steps: tuple[int, ...]  # consecutive subset of sde_steps whose transitions are stored for training
     keep_means: bool = False  # also store each trained transition's SDE mean (GRPO-Guard's ratio needs it)
+    # the ODE steps after the last SDE step: Euler, or DPM-Solver++(2M) on the data predictions of all steps so far
+    # (MixGRPO-Flash, docs/ALGORITHM.md section 12); the ODE steps before it are Euler either way
+    ode_solver: str = "euler"
+    # the fraction of the schedule's points after the last SDE step that the ODE steps there visit (fewer forwards;
+    # MixGRPO-Flash's compression, docs/ALGORITHM.md section 12); 1 visits them all
+    tail_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.ode_solver not in ODE_SOLVERS:
+            raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {self.ode_solver!r}")
+        if not 0 < self.tail_ratio <= 1:
+            raise ValueError(f"tail_ratio must be in (0, 1], got {self.tail_ratio}")
 
 
 def plan_steps(
@@ -36,6 +49,18 @@ def plan_steps(
         return steps, steps
     n_train = max(1, int(num_steps * timestep_fraction))
     return tuple(range(num_steps)), tuple(range(n_train))
+
+
+def step_path(num_steps: int, last_sde: int, tail_ratio: float) -> list[int]:
+    """The schedule's points the sampler visits, as indices into its ``num_steps + 1`` noise levels: every one up to
+    the step after the last SDE step (``last_sde``, -1 for none), then ``n = max(2, int((num_steps - last_sde) *
+    tail_ratio))`` of the remaining ones, evenly spaced in index (rounded) from there to the final one."""
+    first = last_sde + 1
+    n = max(2, int((num_steps - first + 1) * tail_ratio))
+    if tail_ratio == 1 or n >= num_steps - first + 1:
+        return list(range(num_steps + 1))
+    spacing = (num_steps - first) / (n - 1)
+    return [*range(first), *(first + math.floor(k * spacing + 0.5) for k in range(n))]
 
 
 @dataclass
@@ -115,7 +140,10 @@ def sample_rollout(
     sde_steps, train_steps = set(settings.sde_steps), settings.train_steps
     if train_steps and train_steps != tuple(range(train_steps[0], train_steps[0] + len(train_steps))):
         raise ValueError(f"train_steps must be consecutive, got {train_steps}")
-    last_stored = train_steps[-1] if train_steps else settings.num_steps - 1  # none: keep the final latent only
+    multistep = settings.ode_solver == "dpm2"
+    last_sde = max(sde_steps, default=-1)
+    path = step_path(settings.num_steps, last_sde, settings.tail_ratio)
+    last_stored = train_steps[-1] if train_steps else path[-2]  # none: keep the final latent only
 
     trajectories, log_probs, images, means = [], [], [], []
     for b, idx in enumerate(prompt_index.split(batch_size)):
@@ -123,18 +151,23 @@ def sample_rollout(
         cond = embeds.select(idx)
         x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
         states, lps, step_means = [], [], []
-        for i in range(settings.num_steps):
+        previous = None  # the last step's (data prediction, sigma), for the multistep solver
+        for i, following in itertools.pairwise(path):
             if check is not None:
                 check()
-            s, s_next = levels[i], levels[i + 1]
+            s, s_next = levels[i], levels[following]
             v = model.predict_velocity(x, s, cond, settings.guidance_scale)
             if i in sde_steps:
                 x_next, lp, mean, _ = sde_step_with_logprob(
                     v, s, s_next, x, noise_level=settings.noise_level, sde_type=settings.sde_type,
                     generator=batch_generator,
                 )
+            elif multistep and i > last_sde:
+                x_next, lp, mean = dpm2_step(v, s, s_next, x, previous), None, None
             else:
                 x_next, lp, mean = euler_step(v, s, s_next, x), None, None
+            if multistep:
+                previous = (data_prediction(v, s, x), s)
             if i in train_steps:
                 states.append(x)
                 lps.append(lp)

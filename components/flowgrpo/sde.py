@@ -83,3 +83,34 @@ def sde_step_with_logprob(
 def euler_step(model_output: torch.Tensor, sigma: float, sigma_next: float, sample: torch.Tensor) -> torch.Tensor:
     """Deterministic ODE step (noise level 0), in float32."""
     return sample.float() + model_output.float() * (sigma_next - sigma)
+
+
+
+ODE_SOLVERS = ("euler", "dpm2")
+
+
+def data_prediction(model_output: torch.Tensor, sigma: float, sample: torch.Tensor) -> torch.Tensor:
+    """x0 = x - sigma * v, in float32: what DPM-Solver++ extrapolates."""
+    return sample.float() - sigma * model_output.float()
+
+
+def _log_snr(sigma: float) -> float:
+    """lambda = log(alpha / sigma) of the flow-matching path x = (1 - sigma) x0 + sigma noise."""
+    return math.log((1 - sigma) / sigma)
+
+
+def dpm2_step(
+    model_output: torch.Tensor, sigma: float, sigma_next: float, sample: torch.Tensor,
+    previous: tuple[torch.Tensor, float] | None,
+) -> torch.Tensor:
+    """One multistep DPM-Solver++(2M) step (midpoint form) from ``sigma`` to ``sigma_next``, in float32
+    (docs/ALGORITHM.md section 12). ``previous``: the last step's ``(data_prediction, sigma)``. Without a usable
+    one (none, or one at sigma 1, where the log-SNR is -inf) and on the step to sigma 0 it is first order, which
+    in this parametrisation (alpha = 1 - sigma) is exactly the Euler step."""
+    if previous is None or previous[1] >= 1 or sigma_next == 0:
+        return euler_step(model_output, sigma, sigma_next, sample)
+    x0, (x0_prev, sigma_prev) = data_prediction(model_output, sigma, sample), previous
+    h = _log_snr(sigma_next) - _log_snr(sigma)
+    r = (_log_snr(sigma) - _log_snr(sigma_prev)) / h
+    d = x0 + (x0 - x0_prev.float()) / (2 * r)
+    return sigma_next / sigma * sample.float() - (1 - sigma_next) * math.expm1(-h) * d

@@ -51,6 +51,9 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "src/flow_factory/models/flux/flux2_klein.py", "examples/grpo/lora/z_image/default.yaml",
             "src/flow_factory/models/z_image/z_image.py", "examples/grpo/lora/wan21/t2v.yaml",
             "src/flow_factory/models/wan/wan2_t2v.py", "verl_omni/trainer/diffusion/diffusion_algos.py"}
+UPSTREAM |= {"fastvideo/train_grpo_flux.py", "train_grpo_flux.py", "fastvideo/utils/grpo_states.py",  # MixGRPO
+             "fastvideo/utils/sampling_utils.py", "scripts/finetune/finetune_flux_grpo_MixGRPO.sh",
+             "scripts/finetune/finetune_flux_grpo_MixGRPO_Flash.sh"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
