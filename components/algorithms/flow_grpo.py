@@ -26,9 +26,9 @@ class FlowGRPO(Algorithm):
 
     @classmethod
     def check(cls, config: JobConfig) -> list[str]:
-        if config.train.grpo_guard and config.sampling.sde_type != "sde":
+        if config.train.grpo_guard and config.sampling.sde_type not in ("sde", "dance"):
             raise ValueError("train.grpo_guard normalises the ratio of the SDE step's Gaussian: it needs "
-                             f"sampling.sde_type sde (got {config.sampling.sde_type})")
+                             f"sampling.sde_type sde or dance (got {config.sampling.sde_type})")
         return []
 
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
