@@ -54,6 +54,12 @@ class SamplingConfig(Section):
                     "(coefficient-preserving, section 2) or dance (DanceGRPO's SDE, constant diffusion "
                     "coefficient noise_level, section 13)",
     )
+    same_initial_noise: bool = Field(
+        default=False,
+        description="a prompt's K images start from one noise and differ only by the SDE steps' noise "
+                    "(DanceGRPO's init_same_noise, docs/ALGORITHM.md section 13); an algorithm sampling with the "
+                    "ODE does not read it",
+    )
     group_size: int = Field(default=8, ge=1, le=MAX_IMAGES_PER_EPOCH, description="images per prompt (K)")
     prompts_per_epoch: int = Field(default=8, ge=1, le=MAX_IMAGES_PER_EPOCH,
                                    description="prompt groups sampled per epoch")

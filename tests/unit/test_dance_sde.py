@@ -171,3 +171,18 @@ def test_config_accepts_dance_with_grpo_guard_and_refuses_cps():
     assert (c.sampling.sde_type, c.sampling.noise_level, c.train.grpo_guard) == ("dance", 0.3, True)
     with pytest.raises(ConfigError, match="sde or dance"):
         load_config(TINY, ["sampling.sde_type=cps", "train.grpo_guard=true"])
+
+
+def test_shared_initial_noise_reaches_sde_samplers_only_and_an_ode_algorithm_says_it_is_unused():
+    from components.algorithms.base import build_algorithm
+    from components.trainer.config import algorithm_notes
+
+    shared = ["sampling.same_initial_noise=true"]
+    gen = torch.Generator().manual_seed(0)
+    grpo = load_config(TINY, [*shared, "train.algorithm=flow_grpo"])
+    assert algorithm_notes(grpo) == []
+    model = type("NoModel", (), {"device": torch.device("cpu")})()
+    assert build_algorithm(grpo, model, []).sampler_settings(gen, 1).same_initial_noise
+    nft = load_config(TINY, [*shared, "train.algorithm=diffusion_nft"])
+    assert algorithm_notes(nft) == ["sampling.same_initial_noise is not used: DiffusionNFT samples with the ODE"]
+    assert not build_algorithm(nft, model, []).sampler_settings(gen, 1).same_initial_noise  # else K equal images
