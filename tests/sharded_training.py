@@ -21,11 +21,13 @@ from components.trainer.run_output import RunOutput
 from pipeline.config import CONFIG_DIR, load_config
 
 # the runs: a family's tiny config and overrides; DiffusionNFT on the SD3 twin (its old policy swapped in and out
-# of the sharded transformer's LoRA)
+# of the sharded transformer's LoRA); FlowGRPO sampling with Dance-SDE and a group's shared initial noise on it
 FAMILIES = {"tiny-sd3": (CONFIG_DIR / "tiny-cpu.yaml", []), "tiny-flux": (CONFIG_DIR / "tiny-flux-cpu.yaml", []),
             "tiny-qwenimage": (CONFIG_DIR / "tiny-qwenimage-cpu.yaml", []),
             "tiny-sd3-nft": (CONFIG_DIR / "tiny-cpu.yaml",
-                             ["train.algorithm=diffusion_nft", "train.diffusion_nft.decay_rate=0.5"])}
+                             ["train.algorithm=diffusion_nft", "train.diffusion_nft.decay_rate=0.5"]),
+            "tiny-sd3-dance": (CONFIG_DIR / "tiny-cpu.yaml", ["sampling.sde_type=dance", "sampling.noise_level=0.3",
+                                                             "sampling.same_initial_noise=true"])}
 # 2 workers x 4 images each, micro-batches of 2: 2 optimizer steps per epoch; KL and EMA on, so the reference
 # forward (adapter disabled) and the EMA copy run under sharding too
 RUN = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",

@@ -52,8 +52,9 @@ class Algorithm(ABC):
         """Raise ValueError for settings this algorithm cannot honour; return a note for each setting of the config
         it does not read (`validate` and the trainer's start print them)."""
         notes = []
-        if config.sampling.sde_window is not None:
-            notes.append(f"sampling.sde_window is not used: {cls.name} samples with the ODE")
+        for key in ("sde_window", "same_initial_noise"):
+            if getattr(config.sampling, key):
+                notes.append(f"sampling.{key} is not used: {cls.name} samples with the ODE")
         if config.train.grpo_guard:
             raise ValueError(f"train.grpo_guard normalises the ratio of the policy gradient on SDE steps: "
                              f"{cls.name} (train.algorithm {cls.key}) has none; remove it")
@@ -85,7 +86,9 @@ class Algorithm(ABC):
         s = self.config.sampling
         fields = dict(num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level,
                       sde_type=s.sde_type, resolution=self.config.model.resolution, sde_steps=sde_steps,
-                      train_steps=train_steps, keep_means=self.config.train.grpo_guard)
+                      train_steps=train_steps, keep_means=self.config.train.grpo_guard,
+                      # with no SDE step a group's images would all be the same
+                      same_initial_noise=s.same_initial_noise and bool(sde_steps))
         return SamplerSettings(**{**fields, **changes})
 
     def training_guidance(self) -> float:

@@ -38,9 +38,9 @@ class FlowGRPO(Algorithm):
 
     @classmethod
     def check(cls, config: JobConfig) -> list[str]:
-        if config.train.grpo_guard and config.sampling.sde_type != "sde":
+        if config.train.grpo_guard and config.sampling.sde_type not in ("sde", "dance"):
             raise ValueError("train.grpo_guard normalises the ratio of the SDE step's Gaussian: it needs "
-                             f"sampling.sde_type sde (got {config.sampling.sde_type})")
+                             f"sampling.sde_type sde or dance (got {config.sampling.sde_type})")
         if section_of(config).guard_mean_shift != "sample" and not config.train.grpo_guard:
             return [f"train.{cls.key}.guard_mean_shift is not used: train.grpo_guard is false"]
         return []

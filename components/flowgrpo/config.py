@@ -46,8 +46,20 @@ class SamplingConfig(Section):
         default=1.0, ge=1.0,
         description="CFG scale (SD3), true-CFG scale (Qwen-Image) or embedded guidance (FLUX.1-dev); 1 disables CFG",
     )
-    noise_level: float = Field(default=0.7, gt=0, le=10, description="SDE noise level a")
-    sde_type: Literal["sde", "cps"] = Field(default="sde", description="docs/ALGORITHM.md section 1 or 2")
+    noise_level: float = Field(default=0.7, gt=0, le=10,
+                               description="SDE noise level a (dance: DanceGRPO's eta, published 0.3)")
+    sde_type: Literal["sde", "cps", "dance"] = Field(
+        default="sde",
+        description="the rollout's stochastic step: sde (Flow-GRPO, docs/ALGORITHM.md section 1), cps "
+                    "(coefficient-preserving, section 2) or dance (DanceGRPO's SDE, constant diffusion "
+                    "coefficient noise_level, section 13)",
+    )
+    same_initial_noise: bool = Field(
+        default=False,
+        description="a prompt's K images start from one noise and differ only by the SDE steps' noise "
+                    "(DanceGRPO's init_same_noise, docs/ALGORITHM.md section 13); an algorithm sampling with the "
+                    "ODE does not read it",
+    )
     group_size: int = Field(default=8, ge=1, le=MAX_IMAGES_PER_EPOCH, description="images per prompt (K)")
     prompts_per_epoch: int = Field(default=8, ge=1, le=MAX_IMAGES_PER_EPOCH,
                                    description="prompt groups sampled per epoch")
@@ -120,7 +132,7 @@ class TrainConfig(Section):
     clip_range: float = Field(default=0.2, gt=0, lt=1, description="PPO ratio clip epsilon")
     grpo_guard: bool = Field(
         default=False,
-        description="GRPO-Guard (flow_grpo, sampling.sde_type sde): the ratio normalised per step, "
+        description="GRPO-Guard (flow_grpo, sampling.sde_type sde or dance): the ratio normalised per step, "
                     "exp(s (logp - logp_old) + mean((mu - mu_old)^2) / (2 s)) with s the step's noise std, and the "
                     "policy loss divided by the step's |dt|, as the paper's code (its recipes clip at 2e-6)",
     )

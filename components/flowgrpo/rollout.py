@@ -25,6 +25,7 @@ class SamplerSettings:
     sde_steps: tuple[int, ...]  # steps that inject noise; the others are ODE steps
     train_steps: tuple[int, ...]  # consecutive subset of sde_steps whose transitions are stored for training
     keep_means: bool = False  # also store each trained transition's SDE mean (GRPO-Guard's ratio needs it)
+    same_initial_noise: bool = False  # a group's images start from one noise (DanceGRPO's init_same_noise)
     # the ODE steps after the last SDE step: Euler, or DPM-Solver++(2M) on the data predictions of all steps so far
     # (MixGRPO-Flash, docs/ALGORITHM.md section 12); the ODE steps before it are Euler either way
     ode_solver: str = "euler"
@@ -146,10 +147,22 @@ def sample_rollout(
     last_stored = train_steps[-1] if train_steps else path[-2]  # none: keep the final latent only
 
     trajectories, log_probs, images, means = [], [], [], []
+    group_noise: dict[int, torch.Tensor] = {}
     for b, idx in enumerate(prompt_index.split(batch_size)):
         batch_generator = generator(b) if callable(generator) else generator
         cond = embeds.select(idx)
-        x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device, dtype=torch.float32)
+        if settings.same_initial_noise:
+            # drawn by the batch holding the group's first image: a group never spans two workers' batches, so
+            # N workers draw what one process would
+            groups = idx.tolist()
+            for g in dict.fromkeys(groups):
+                if g not in group_noise:
+                    group_noise[g] = torch.randn(shape, generator=batch_generator, device=model.device,
+                                                 dtype=torch.float32)
+            x = torch.stack([group_noise[g] for g in groups])
+        else:
+            x = torch.randn((len(idx), *shape), generator=batch_generator, device=model.device,
+                            dtype=torch.float32)
         states, lps, step_means = [], [], []
         previous = None  # the last step's (data prediction, sigma), for the multistep solver
         for i, following in itertools.pairwise(path):

@@ -1,6 +1,6 @@
 """One reverse-time SDE step of a flow-matching sampler, with its log-probability.
 
-Implements docs/ALGORITHM.md sections 1 (``sde``) and 2 (``cps``). All math runs in
+Implements docs/ALGORITHM.md sections 1 (``sde``), 2 (``cps``) and 13 (``dance``). All math runs in
 float32 whatever the model dtype. Imports only torch.
 """
 
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-SDE_TYPES = ("sde", "cps")
+SDE_TYPES = ("sde", "cps", "dance")
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -52,11 +52,14 @@ def sde_step_with_logprob(
     s = _per_sample(sigma, x)
     s_next = _per_sample(sigma_next, x)
 
-    if sde_type == "sde":
+    if sde_type in ("sde", "dance"):
         dt = s_next - s
-        # At sigma == 1 the factor sigma / (1 - sigma) is infinite; upstream uses sigma_next there.
-        s_safe = torch.where(s == 1, s_next, s)
-        std_dev_t = noise_level * torch.sqrt(s / (1 - s_safe))
+        if sde_type == "sde":
+            # At sigma == 1 the factor sigma / (1 - sigma) is infinite; upstream uses sigma_next there.
+            s_safe = torch.where(s == 1, s_next, s)
+            std_dev_t = noise_level * torch.sqrt(s / (1 - s_safe))
+        else:  # DanceGRPO: the same SDE with a constant diffusion coefficient
+            std_dev_t = torch.full_like(s, noise_level)
         mean = x * (1 + std_dev_t**2 / (2 * s) * dt) + v * (1 + std_dev_t**2 * (1 - s) / (2 * s)) * dt
         noise_std = std_dev_t * torch.sqrt(-dt)
     else:
@@ -72,7 +75,7 @@ def sde_step_with_logprob(
     prev_sample = prev_sample.detach().float()
 
     sq = (prev_sample - mean) ** 2
-    if sde_type == "sde":
+    if sde_type != "cps":
         log_prob = -sq / (2 * noise_std**2) - torch.log(noise_std) - _LOG_SQRT_2PI
     else:
         log_prob = -sq  # constants and scale dropped, as upstream

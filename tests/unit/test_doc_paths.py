@@ -50,7 +50,8 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "scripts/train_sd3_GRPO_Guard.py", "examples/grpo/lora/flux2_klein/default.yaml",
             "src/flow_factory/models/flux/flux2_klein.py", "examples/grpo/lora/z_image/default.yaml",
             "src/flow_factory/models/z_image/z_image.py", "examples/grpo/lora/wan21/t2v.yaml",
-            "src/flow_factory/models/wan/wan2_t2v.py", "verl_omni/trainer/diffusion/diffusion_algos.py"}
+            "src/flow_factory/models/wan/wan2_t2v.py", "verl_omni/trainer/diffusion/diffusion_algos.py",
+            "scripts/finetune/finetune_flux_grpo.sh", "src/flow_factory/scheduler/flow_match_euler_discrete.py"}
 UPSTREAM |= {"fastvideo/train_grpo_flux.py", "train_grpo_flux.py", "fastvideo/utils/grpo_states.py",  # MixGRPO
              "fastvideo/utils/sampling_utils.py", "scripts/finetune/finetune_flux_grpo_MixGRPO.sh",
              "scripts/finetune/finetune_flux_grpo_MixGRPO_Flash.sh"}
