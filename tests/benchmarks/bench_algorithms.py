@@ -69,6 +69,11 @@ ALGORITHMS: dict[str, list[str]] = {
 REWARD = "geneval"  # the demo's training reward and the sample grid's held-out curve (partial score)
 STRICT = "geneval_strict"
 CALIBRATION_EPOCHS = 4
+# the shipped demo (shapes-cpu.yaml): its algorithm and epochs, and its held-out gain on the evaluation's partial
+# score at those epochs, mean of 3 seeds (docs/MODELS.md, "What RL does with it"): the target of --demo-fraction
+DEMO_ALGORITHM = "diffusion_nft"
+DEMO_EPOCHS = 150
+DEMO_GAIN = 0.130
 CURVE_POINTS = 8  # sample-grid evaluations per run besides epoch 0
 PLAN_FILE = "epochs.json"  # in --workdir: the epochs each algorithm gets
 
@@ -93,22 +98,26 @@ def _fmt(mean: float, low: float, high: float, digits: int = 3) -> str:
 
 # -- the runs ---------------------------------------------------------------------------------------
 
-def epoch_seconds(algorithm: str, overrides: list[str]) -> float:
-    """Median training seconds of an epoch of the demo with this algorithm, after a first (warm-up) epoch."""
+def epoch_seconds(algorithms: list[str], overrides: list[str]) -> dict[str, float]:
+    """Median training seconds of an epoch of the demo per algorithm, after a first (warm-up) epoch each, measured
+    side by side: the algorithms take their epochs in turn, so a burst of other work on the machine lands on all."""
     from components.trainer import loop
     from pipeline.config import DEFAULT_CONFIG, load_config
 
-    config = load_config(DEFAULT_CONFIG, [*ALGORITHMS[algorithm], *overrides, "tracking.sample_every=0",
-                                          "tracking.system_metrics=false", "train.checkpoint_every=1000"])
+    seconds: dict[str, list[float]] = {a: [] for a in algorithms}
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = loop.Trainer(config, Path(tmp) / "run", log=lambda _m: None)
-        trainer.run_epoch()
-        seconds = []
+        trainers = {}
+        for algorithm in algorithms:
+            config = load_config(DEFAULT_CONFIG, [*ALGORITHMS[algorithm], *overrides, "tracking.sample_every=0",
+                                                  "tracking.system_metrics=false", "train.checkpoint_every=1000"])
+            trainers[algorithm] = loop.Trainer(config, Path(tmp) / algorithm, log=lambda _m: None)
+            trainers[algorithm].run_epoch()
         for _ in range(CALIBRATION_EPOCHS - 1):
-            start = time.perf_counter()
-            trainer.run_epoch()
-            seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)  # a burst of other work on the machine moves the mean, not the median
+            for algorithm, trainer in trainers.items():
+                start = time.perf_counter()
+                trainer.run_epoch()
+                seconds[algorithm].append(time.perf_counter() - start)
+    return {a: statistics.median(s) for a, s in seconds.items()}  # a burst moves the mean, not the median
 
 
 def curve(history: list[dict], images_per_epoch: int) -> dict[str, np.ndarray]:
@@ -170,6 +179,12 @@ def report(results: dict[str, list[dict]], epochs: dict[str, int], images_per_ep
               f"| {above} of {2 * len(runs)} | {reach_cell} |")
     print(f"\nseeds {[r['seed'] for r in results[reference]]}; {reference}'s final grid gain {target:+.3f} after "
           f"{reference_minutes:.1f} min; eval CIs: paired bootstrap per run, t-interval of the deltas over seeds")
+    partials = {a: t_interval([r["eval"]["rewards"][REWARD]["delta"] for r in runs]) for a, runs in results.items()}
+    best = max(partials, key=lambda a: partials[a][0])
+    reached = [a for a, (mean, _, _) in partials.items() if mean >= DEMO_GAIN]
+    print(f"the demo's {DEMO_EPOCHS}-epoch held-out gain (eval {REWARD}, docs/MODELS.md) {DEMO_GAIN:+.3f} is reached "
+          f"(mean eval delta at or above it) by: {', '.join(reached) or 'none'}; the best is {best}, "
+          f"{_fmt(*partials[best])}")
     for algorithm, runs in results.items():
         per_run = "; ".join(f"seed {r['seed']}: {REWARD} {r['eval']['rewards'][REWARD]['delta']:+.3f} "
                             f"[{r['eval']['rewards'][REWARD]['ci_low']:+.3f}, "
@@ -251,27 +266,52 @@ def finished(workdir: Path) -> bool:
 
 
 def plan_epochs(args: argparse.Namespace, shared: list[str], root: Path) -> dict[str, int]:
-    """Each algorithm's epochs in ``--minutes`` of training, measured here, or read from ``root/epochs.json`` where
-    an earlier invocation measured them: seeds added to a benchmark later get the same budgets."""
+    """Each algorithm's epochs in ``--minutes`` of training (with ``--demo-fraction``: that share of the demo's
+    DEMO_EPOCHS epochs of its own algorithm), measured here, or read from ``root/epochs.json`` where an earlier
+    invocation measured them: seeds added later get the same budgets. An algorithm added later is measured side by
+    side with the first one planned, and its epoch time scaled by that one's ratio of then to now."""
     plan_file = root / PLAN_FILE
     if args.smoke:
         return dict.fromkeys(args.algorithms, 2)
     if plan_file.exists():
         plan = json.loads(plan_file.read_text())
-        if plan["minutes"] != args.minutes or set(args.algorithms) - set(plan["epochs"]):
-            sys.exit(f"{plan_file} holds the epochs of {plan['minutes']:g} min for {sorted(plan['epochs'])}: "
-                     f"use another --workdir for --minutes {args.minutes:g} and {args.algorithms}")
+        if plan["budget"] != budget_name(args):
+            sys.exit(f"{plan_file} holds the epochs of {plan['budget']}: use another --workdir for "
+                     f"{budget_name(args)}")
+        missing = [a for a in args.algorithms if a not in plan["epochs"]]
+        if missing:
+            reference = next(iter(plan["seconds"]))
+            now = epoch_seconds([reference, *missing], shared)
+            scale = plan["seconds"][reference] / now[reference]
+            print(f"{', '.join(missing)}: measured beside {reference} ({now[reference]:.2f} s an epoch now, "
+                  f"{plan['seconds'][reference]:.2f} s when planned: x{scale:.2f})", flush=True)
+            for algorithm in missing:
+                plan["seconds"][algorithm] = now[algorithm] * scale
+                plan["epochs"][algorithm] = max(1, round(plan["minutes"] * 60 / plan["seconds"][algorithm]))
+            plan_file.write_text(json.dumps(plan))
         print(f"epochs from {plan_file}: {plan['epochs']}", flush=True)
         return {a: plan["epochs"][a] for a in args.algorithms}
+    measure = list(dict.fromkeys([*args.algorithms, DEMO_ALGORITHM] if args.demo_fraction else args.algorithms))
+    seconds = epoch_seconds(measure, shared)
+    minutes = args.minutes
+    if args.demo_fraction:
+        demo = DEMO_EPOCHS * seconds[DEMO_ALGORITHM] / 60
+        minutes = args.demo_fraction * demo
+        print(f"the demo ({DEMO_ALGORITHM}, {DEMO_EPOCHS} epochs) trains {demo:.1f} min here: "
+              f"{args.demo_fraction:g} of it is {minutes:.2f} min", flush=True)
     epochs = {}
     for algorithm in args.algorithms:
-        seconds = epoch_seconds(algorithm, shared)
-        epochs[algorithm] = max(1, round(args.minutes * 60 / seconds))
-        print(f"{algorithm}: {seconds:.2f} s an epoch -> {epochs[algorithm]} epochs in {args.minutes:g} min",
+        epochs[algorithm] = max(1, round(minutes * 60 / seconds[algorithm]))
+        print(f"{algorithm}: {seconds[algorithm]:.2f} s an epoch -> {epochs[algorithm]} epochs in {minutes:.2f} min",
               flush=True)
     root.mkdir(parents=True, exist_ok=True)
-    plan_file.write_text(json.dumps({"minutes": args.minutes, "epochs": epochs}))
+    plan_file.write_text(json.dumps({"budget": budget_name(args), "minutes": minutes, "epochs": epochs,
+                                     "seconds": {a: seconds[a] for a in args.algorithms}}))
     return epochs
+
+
+def budget_name(args: argparse.Namespace) -> str:
+    return f"{args.demo_fraction:g} of the demo" if args.demo_fraction else f"{args.minutes:g} min"
 
 
 def report_finished(args: argparse.Namespace) -> None:
@@ -334,6 +374,9 @@ def main() -> None:
                         help="the first is the reference")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=12.0, help="training wall-clock per run")
+    parser.add_argument("--demo-fraction", type=float, default=None,
+                        help=f"instead of --minutes: this share of the demo's {DEMO_EPOCHS}-epoch training time, "
+                             "measured here; the report says which algorithms reach the demo's held-out gain")
     parser.add_argument("--workdir", type=Path, help="keep each run's work directory under this folder")
     parser.add_argument("--plot", type=Path, help="write the held-out curves here (PNG)")
     parser.add_argument("--smoke", action="store_true", help="2 epochs each, 10 eval prompts: checks the script")
@@ -346,6 +389,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.minutes <= 0:
         parser.error("--minutes: above 0")
+    if args.demo_fraction is not None and args.demo_fraction <= 0:
+        parser.error("--demo-fraction: above 0")
     if args.report and args.workdir is None:
         parser.error("--report reads --workdir")
     if args.throughput:

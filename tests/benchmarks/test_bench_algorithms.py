@@ -3,6 +3,7 @@ and images, the mean over seeds with its t-interval, the time to a target gain, 
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -70,6 +71,8 @@ def test_report_and_plot_show_every_algorithm(tmp_path, capsys):
     assert "+0.090" in rows["flow_grpo"] and "0.250 -> 0.340" in rows["flow_grpo"]
     assert "1.0 (0.50x)" in rows["diffusion_nft"] and "+0.100" in rows["diffusion_nft"]  # eval partial mean
     assert "3 of 4" in rows["diffusion_nft"]  # per-run CIs above 0: both partial, one strict (0.08 - 0.05)
+    # neither mean eval delta (0.065, 0.100) reaches the demo's 150-epoch gain
+    assert "reached (mean eval delta at or above it) by: none; the best is diffusion_nft, +0.100" in out
     bench.plot(results, 64, tmp_path / "curves.png")
     from PIL import Image
 
@@ -78,19 +81,31 @@ def test_report_and_plot_show_every_algorithm(tmp_path, capsys):
 
 
 def test_epochs_are_measured_once_per_workdir_and_reused_by_later_seeds(tmp_path, monkeypatch):
-    seconds = {"flow_grpo": 3.5, "diffusion_nft": 2.9}
+    seconds = {"flow_grpo": 3.5, "diffusion_nft": 2.9, "grpo_guard": 5.0}
     measured = []
 
-    def epoch_seconds(algorithm: str, _overrides: list[str]) -> float:
-        measured.append(algorithm)
-        return seconds[algorithm]
+    def epoch_seconds(algorithms: list[str], _overrides: list[str]) -> dict[str, float]:
+        measured.append(algorithms)
+        return {a: seconds[a] for a in algorithms}
 
     monkeypatch.setattr(bench, "epoch_seconds", epoch_seconds)
-    args = SimpleNamespace(algorithms=["flow_grpo", "diffusion_nft"], minutes=2.0, smoke=False)
+    args = SimpleNamespace(algorithms=["flow_grpo", "diffusion_nft"], minutes=2.0, smoke=False, demo_fraction=None)
     assert bench.plan_epochs(args, [], tmp_path) == {"flow_grpo": 34, "diffusion_nft": 41}  # 120 / 3.5, 120 / 2.9
     assert bench.plan_epochs(args, [], tmp_path) == {"flow_grpo": 34, "diffusion_nft": 41}
-    assert measured == ["flow_grpo", "diffusion_nft"]  # the second call read DIR/epochs.json
+    assert measured == [["flow_grpo", "diffusion_nft"]]  # side by side, once; the second call read DIR/epochs.json
     with pytest.raises(SystemExit, match="epochs of 2 min"):
         bench.plan_epochs(SimpleNamespace(**{**vars(args), "minutes": 12.0}), [], tmp_path)
-    with pytest.raises(SystemExit, match="grpo_guard"):
-        bench.plan_epochs(SimpleNamespace(**{**vars(args), "algorithms": ["grpo_guard"]}), [], tmp_path)
+    # an algorithm added later is measured beside the first planned one, on a machine now twice as slow
+    seconds.update(flow_grpo=7.0, grpo_guard=10.0)
+    later = bench.plan_epochs(SimpleNamespace(**{**vars(args), "algorithms": ["grpo_guard", "flow_grpo"]}), [],
+                              tmp_path)
+    assert measured[-1] == ["flow_grpo", "grpo_guard"]
+    assert later == {"grpo_guard": 24, "flow_grpo": 34}  # 10 s x (3.5 / 7) = 5 s then: 120 / 5
+
+
+def test_a_budget_of_half_the_demo_is_half_its_epochs_of_its_own_algorithm(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "epoch_seconds", lambda algorithms, _o: {"flow_grpo": 2.0, "diffusion_nft": 1.2})
+    args = SimpleNamespace(algorithms=["flow_grpo"], minutes=12.0, smoke=False, demo_fraction=0.5)
+    # the demo: 150 epochs of 1.2 s = 3 min; half of it, 1.5 min = 90 s, is 45 epochs of 2 s
+    assert bench.plan_epochs(args, [], tmp_path) == {"flow_grpo": 45}
+    assert json.loads((tmp_path / bench.PLAN_FILE).read_text())["minutes"] == pytest.approx(1.5)
