@@ -120,13 +120,16 @@ def epoch_seconds(algorithms: list[str], overrides: list[str]) -> dict[str, floa
     return {a: statistics.median(s) for a, s in seconds.items()}  # a burst moves the mean, not the median
 
 
-def curve(history: list[dict], images_per_epoch: int) -> dict[str, np.ndarray]:
-    """The held-out gain at each epoch that sampled the grid, with the training minutes and images to it."""
+def curve(history: list[dict], images_per_epoch: int, epoch_seconds: float | None = None) -> dict[str, np.ndarray]:
+    """The held-out gain at each epoch that sampled the grid, with the training minutes and images to it. The
+    minutes count ``epoch_seconds`` per epoch where given (the epoch time measured side by side when the budgets
+    were planned: other work on the machine during a run then moves no curve), else each row's own times."""
     base = history[0][f"heldout/{REWARD}/base"]
     minutes, images, gains = [0.0], [0.0], [0.0]
     elapsed = 0.0
     for row in history:
-        elapsed += row["time/sampling"] + row["time/scoring"] + row["time/training"]
+        elapsed += epoch_seconds if epoch_seconds is not None else (
+            row["time/sampling"] + row["time/scoring"] + row["time/training"])
         value = row.get(f"heldout/{REWARD}/mean")
         if value is not None:
             minutes.append(elapsed / 60)
@@ -154,7 +157,8 @@ def reach_minutes(curves: list[dict[str, np.ndarray]], target: float) -> float:
 # -- output -----------------------------------------------------------------------------------------
 
 def report(results: dict[str, list[dict]], epochs: dict[str, int], images_per_epoch: int) -> None:
-    curves = {a: [curve(r["history"], images_per_epoch) for r in runs] for a, runs in results.items()}
+    curves = {a: [curve(r["history"], images_per_epoch, r.get("epoch_seconds")) for r in runs]
+              for a, runs in results.items()}
     reference = next(iter(results))
     target = t_interval([c["gain"][-1] for c in curves[reference]])[0]
     reference_minutes = statistics.fmean(c["minutes"][-1] for c in curves[reference])
@@ -202,7 +206,7 @@ def plot(results: dict[str, list[dict]], images_per_epoch: int, path: Path) -> N
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for algorithm, runs in results.items():
-        curves = [curve(r["history"], images_per_epoch) for r in runs]
+        curves = [curve(r["history"], images_per_epoch, r.get("epoch_seconds")) for r in runs]
         for ax, axis, label in ((axes[0], "minutes", "training minutes (2 CPU cores)"),
                                 (axes[1], "images", "images sampled")):
             grid = np.linspace(0, min(c[axis][-1] for c in curves), 60)
@@ -234,13 +238,14 @@ def learning(args: argparse.Namespace) -> None:
     images_per_epoch = config.sampling.prompts_per_epoch * config.sampling.group_size
     root = args.workdir or Path(tempfile.mkdtemp(prefix="bench-algorithms-"))
     epochs = plan_epochs(args, shared, root)
+    seconds = planned_seconds(root)
     results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
     for seed in args.seeds:
         for algorithm in args.algorithms:
             workdir = run_dir(root, algorithm, seed)
             if finished(workdir):  # in an earlier invocation
                 print(f"seed {seed}, {algorithm}: finished before, read from {workdir}", flush=True)
-                results[algorithm].append(read_run(seed, workdir))
+                results[algorithm].append({**read_run(seed, workdir), "epoch_seconds": seconds.get(algorithm)})
                 continue
             if workdir.exists():  # a run cut short: its pipeline starts over
                 shutil.rmtree(workdir)
@@ -248,7 +253,7 @@ def learning(args: argparse.Namespace) -> None:
             overrides = [*ALGORITHMS[algorithm], *shared, f"train.epochs={epochs[algorithm]}",
                          f"tracking.sample_every={every}"]
             print(f"seed {seed}, {algorithm}: flowgrpo run --local seed={seed} {' '.join(overrides)}", flush=True)
-            results[algorithm].append(run_seed(seed, workdir, overrides))
+            results[algorithm].append({**run_seed(seed, workdir, overrides), "epoch_seconds": seconds.get(algorithm)})
             print(f"seed {seed}, {algorithm}: {results[algorithm][-1]['wall'] / 60:.1f} min", flush=True)
     report(results, epochs, images_per_epoch)
     if args.plot:
@@ -310,6 +315,12 @@ def plan_epochs(args: argparse.Namespace, shared: list[str], root: Path) -> dict
     return epochs
 
 
+def planned_seconds(root: Path) -> dict[str, float]:
+    """The epoch times measured side by side when ``root``'s budgets were planned (none for a smoke run)."""
+    plan_file = root / PLAN_FILE
+    return json.loads(plan_file.read_text()).get("seconds", {}) if plan_file.exists() else {}
+
+
 def budget_name(args: argparse.Namespace) -> str:
     return f"{args.demo_fraction:g} of the demo" if args.demo_fraction else f"{args.minutes:g} min"
 
@@ -320,11 +331,13 @@ def report_finished(args: argparse.Namespace) -> None:
 
     config = load_config(DEFAULT_CONFIG, args.overrides)
     images_per_epoch = config.sampling.prompts_per_epoch * config.sampling.group_size
+    seconds = planned_seconds(args.workdir)
     results: dict[str, list[dict]] = {a: [] for a in args.algorithms}
     for seed in args.seeds:
         if all(finished(run_dir(args.workdir, a, seed)) for a in args.algorithms):
             for algorithm in args.algorithms:
-                results[algorithm].append(read_run(seed, run_dir(args.workdir, algorithm, seed)))
+                results[algorithm].append({**read_run(seed, run_dir(args.workdir, algorithm, seed)),
+                                           "epoch_seconds": seconds.get(algorithm)})
     if not results[args.algorithms[0]]:
         sys.exit(f"no seed has a finished run of every algorithm under {args.workdir}")
     report(results, {a: len(runs[0]["history"]) for a, runs in results.items()}, images_per_epoch)

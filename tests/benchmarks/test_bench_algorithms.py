@@ -44,6 +44,8 @@ def test_the_curve_counts_training_minutes_and_images_from_epoch_zero():
     assert list(c["minutes"]) == [0.0, 1.0, 2.0]  # 2 and 4 epochs of 30 s
     assert list(c["images"]) == [0, 128, 256]
     assert c["gain"] == pytest.approx([0.0, 0.05, 0.1])
+    planned = bench.curve(_history(0.3, {2: 0.05, 4: 0.1}, epochs=4, seconds=30.0), 64, epoch_seconds=6.0)
+    assert list(planned["minutes"]) == [0.0, 0.2, 0.4]  # 2 and 4 epochs of the planned 6 s, whatever the rows say
 
 
 def test_reach_is_where_the_seeds_mean_gain_first_meets_the_target():
