@@ -55,6 +55,8 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
 UPSTREAM |= {"fastvideo/train_grpo_flux.py", "train_grpo_flux.py", "fastvideo/utils/grpo_states.py",  # MixGRPO
              "fastvideo/utils/sampling_utils.py", "scripts/finetune/finetune_flux_grpo_MixGRPO.sh",
              "scripts/finetune/finetune_flux_grpo_MixGRPO_Flash.sh"}
+UPSTREAM |= {"advantage_weighted_matching/scripts/train_sd3_awm.py", "config/dgx_awm.py",  # AWM
+             "config/base_awm.py", "src/flow_factory/trainers/awm.py"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
