@@ -112,7 +112,7 @@ def test_loss_and_gradient_match_the_authors(weighting, clip_range, advantage_ma
 def test_on_policy_the_gradient_is_the_advantage_weighted_matching_gradient():
     """With the old log-prob the forward's own (the update's first optimizer step) the ratio is 1 and the policy
     gradient is -mean_{k,b} A_b d logp_{k,b} / d v: advantage-weighted flow matching."""
-    x0, eps, t, v, v_ref, v_ema, adv = _case()
+    x0, eps, t, v, *_, adv = _case()
     log_probs = [matching_log_prob(v[k], eps[k] - x0[k], float(t[k]), "uniform", 0.25) for k in range(T)]
     total = sum(awm_loss(lp, lp.detach(), adv, clip_range=0.2, adv_clip_max=5.0, advantage_max=1.0)[0] / T
                 for lp in log_probs)
