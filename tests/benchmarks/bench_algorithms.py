@@ -51,7 +51,9 @@ from bench_demo_learning import SMOKE, read_run, run_seed  # noqa: E402  (its im
 # an epoch of either costs about the same; its other settings are NVlabs' defaults (docs/ALGORITHM.md section 9).
 # MixGRPO: a window of 2 of 10 steps (the published 4 of 25) moving every 10 epochs; Flash adds DPM-Solver++(2M)
 # on 40% of the points after the window (section 12). DanceGRPO: Dance-SDE at eta 0.3, one initial noise per
-# group, int((N - 1) 0.6) = 5 of 10 steps trained, clip 1e-4, per-group advantages (section 13).
+# group, int((N - 1) 0.6) = 5 of 10 steps trained, clip 1e-4, per-group advantages (section 13). AWM: the authors'
+# geneval recipe, ODE rollouts, 90% of the levels, KL 0.003, every sample trained, one optimizer step an epoch
+# (section 11).
 FLOW_GRPO = ["train.algorithm=flow_grpo", "sampling.sde_window={size: 2, range: [0, 5]}"]
 MIX_GRPO = ["train.algorithm=mix_grpo", "sampling.sde_window=null", "train.mix_grpo.window_size=2",
             "train.mix_grpo.stride=1", "train.mix_grpo.shift_interval=10"]
@@ -65,6 +67,8 @@ ALGORITHMS: dict[str, list[str]] = {
     "dance_grpo": ["train.algorithm=flow_grpo", "sampling.sde_type=dance", "sampling.noise_level=0.3",
                    "sampling.same_initial_noise=true", "sampling.sde_window=null", "train.timestep_fraction=0.5",
                    "train.clip_range=1e-4", "train.advantage_std=group"],
+    "awm": ["train.algorithm=awm", "sampling.sde_window=null", "train.timestep_fraction=0.9", "train.beta=0.003",
+            "train.skip_zero_advantage=false", "train.gradient_accumulation_steps=4"],
 }
 REWARD = "geneval"  # the demo's training reward and the sample grid's held-out curve (partial score)
 STRICT = "geneval_strict"

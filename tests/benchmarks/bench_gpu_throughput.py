@@ -47,7 +47,8 @@ from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 RECIPE = CONFIG_DIR / "sd35-medium-ocr.yaml"
 # each algorithm's shipped SD3.5-Medium recipe and what selects it there (bench_algorithms.py's GPU leg), with its
 # published settings: MixGRPO's window of 4 steps (Flash: DPM-Solver++(2M) on 40% of the points after it), Dance-SDE
-# at eta 0.3 on int((N - 1) 0.6) of the steps (docs/ALGORITHM.md sections 12, 13)
+# at eta 0.3 on int((N - 1) 0.6) of the steps, AWM's CFG-free ODE rollouts with KL 0.003 on 90% of the levels and
+# every sample (docs/ALGORITHM.md sections 11-13)
 MIX_GRPO = ["train.algorithm=mix_grpo", "sampling.sde_window=null", "train.mix_grpo.window_size=4"]
 ALGORITHM_RECIPES: dict[str, tuple[Path, list[str]]] = {
     "flow_grpo": (RECIPE, []),
@@ -57,6 +58,8 @@ ALGORITHM_RECIPES: dict[str, tuple[Path, list[str]]] = {
     "mix_grpo_flash": (RECIPE, [*MIX_GRPO, "train.mix_grpo.ode_solver=dpm2", "train.mix_grpo.tail_ratio=0.4"]),
     "dance_grpo": (RECIPE, ["sampling.sde_type=dance", "sampling.noise_level=0.3", "sampling.same_initial_noise=true",
                             "sampling.sde_window=null", "train.timestep_fraction=0.5"]),
+    "awm": (RECIPE, ["train.algorithm=awm", "sampling.guidance_scale=1", "train.train_cfg=false",
+                     "train.timestep_fraction=0.9", "train.beta=0.003", "train.skip_zero_advantage=false"]),
 }
 PROMPTS = ["a shop sign that reads OPEN", "a chalkboard menu that says SOUP OF THE DAY",
            "a street sign reading MAIN ST"]
