@@ -57,6 +57,9 @@ UPSTREAM |= {"fastvideo/train_grpo_flux.py", "train_grpo_flux.py", "fastvideo/ut
              "scripts/finetune/finetune_flux_grpo_MixGRPO_Flash.sh"}
 UPSTREAM |= {"advantage_weighted_matching/scripts/train_sd3_awm.py", "config/dgx_awm.py",  # AWM
              "config/base_awm.py", "src/flow_factory/trainers/awm.py"}
+UPSTREAM |= {"scripts/train_sd3_dpo.py", "config/dpo.py", "src/flow_factory/trainers/rl/dpo.py",  # online DPO
+             "src/flow_factory/hparams/training_args/dpo.py",
+             "examples/dpo_trainer/qwen_image/run_qwen_image_online_dpo_lora.sh"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
