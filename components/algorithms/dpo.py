@@ -123,7 +123,9 @@ class DPO(Algorithm):
         micro-batch left without a pair trains a placeholder pair with weight 0. Each micro-batch draws
         int(num_steps * train.timestep_fraction) noise levels and a noise per level and pair, shared by its winner
         and loser; the reference forwards (adapter disabled) come first, then the trained forward and backward per
-        level. Gradients accumulate over the levels of ``train.gradient_accumulation_steps`` micro-batches."""
+        level. Gradients accumulate over the levels of ``train.gradient_accumulation_steps`` micro-batches, fewer where
+        the epoch holds fewer (a pair takes two samples' places, so the other algorithms' accumulation can exceed
+        DPO's micro-batches): the last step of an epoch takes what is left, never nothing."""
         import torch
 
         from components.flowgrpo.nft import forward_noise
@@ -136,7 +138,7 @@ class DPO(Algorithm):
         count = math.ceil(groups / per_batch)
         grid = model.sigmas(TRAINING_LEVELS, sampler.resolution)[:-1].tolist()  # the terminal 0 is the clean sample
         levels_per_batch = max(1, int(sampler.num_steps * train.timestep_fraction))
-        scale = 1.0 / (levels_per_batch * train.gradient_accumulation_steps)
+        accumulate = min(train.gradient_accumulation_steps, count)
         guidance = self.training_guidance()
         device = model.device
         noise_gen = torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
@@ -164,11 +166,12 @@ class DPO(Algorithm):
                     err = matching_error(model.predict_velocity(x_t, s, cond, guidance), target)
                     ref = matching_error(vr, target)
                     loss, metrics = dpo_loss(*err.chunk(2), *ref.chunk(2), beta=section.beta)
-                    (loss * (scale * weight)).backward()
+                    in_step = min(accumulate, count - i // accumulate * accumulate)  # this step's micro-batches
+                    (loss * (weight / (levels_per_batch * in_step))).backward()
                     if weight:
                         for key, value in metrics.items():
                             means.add(key, value)
-                if (i + 1) % train.gradient_accumulation_steps == 0:
+                if (i + 1) % accumulate == 0 or i == count - 1:
                     optim.apply(means)
         metrics = means.result()
         metrics.update({"dpo/pairs": float(len(winners)), "dpo/unpaired_groups": float(unpaired),

@@ -53,7 +53,8 @@ from bench_demo_learning import SMOKE, read_run, run_seed  # noqa: E402  (its im
 # on 40% of the points after the window (section 12). DanceGRPO: Dance-SDE at eta 0.3, one initial noise per
 # group, int((N - 1) 0.6) = 5 of 10 steps trained, clip 1e-4, per-group advantages (section 13). AWM: the authors'
 # geneval recipe, ODE rollouts, 90% of the levels, KL 0.003, every sample trained, one optimizer step an epoch
-# (section 11).
+# (section 11). Online DPO: beta 100, 99% of the levels, the 8 groups' pairs in one micro-batch and one optimizer
+# step an epoch, as the authors (section 14).
 FLOW_GRPO = ["train.algorithm=flow_grpo", "sampling.sde_window={size: 2, range: [0, 5]}"]
 MIX_GRPO = ["train.algorithm=mix_grpo", "sampling.sde_window=null", "train.mix_grpo.window_size=2",
             "train.mix_grpo.stride=1", "train.mix_grpo.shift_interval=10"]
@@ -69,6 +70,7 @@ ALGORITHMS: dict[str, list[str]] = {
                    "train.clip_range=1e-4", "train.advantage_std=group"],
     "awm": ["train.algorithm=awm", "sampling.sde_window=null", "train.timestep_fraction=0.9", "train.beta=0.003",
             "train.skip_zero_advantage=false", "train.gradient_accumulation_steps=4"],
+    "dpo": ["train.algorithm=dpo", "sampling.sde_window=null", "train.timestep_fraction=0.99"],
 }
 REWARD = "geneval"  # the demo's training reward and the sample grid's held-out curve (partial score)
 STRICT = "geneval_strict"

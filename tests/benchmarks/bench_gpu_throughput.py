@@ -48,7 +48,7 @@ RECIPE = CONFIG_DIR / "sd35-medium-ocr.yaml"
 # each algorithm's shipped SD3.5-Medium recipe and what selects it there (bench_algorithms.py's GPU leg), with its
 # published settings: MixGRPO's window of 4 steps (Flash: DPM-Solver++(2M) on 40% of the points after it), Dance-SDE
 # at eta 0.3 on int((N - 1) 0.6) of the steps, AWM's CFG-free ODE rollouts with KL 0.003 on 90% of the levels and
-# every sample (docs/ALGORITHM.md sections 11-13)
+# every sample, online DPO at beta 100 on the recipe's CFG (docs/ALGORITHM.md sections 11-14)
 MIX_GRPO = ["train.algorithm=mix_grpo", "sampling.sde_window=null", "train.mix_grpo.window_size=4"]
 ALGORITHM_RECIPES: dict[str, tuple[Path, list[str]]] = {
     "flow_grpo": (RECIPE, []),
@@ -60,6 +60,7 @@ ALGORITHM_RECIPES: dict[str, tuple[Path, list[str]]] = {
                             "sampling.sde_window=null", "train.timestep_fraction=0.5"]),
     "awm": (RECIPE, ["train.algorithm=awm", "sampling.guidance_scale=1", "train.train_cfg=false",
                      "train.timestep_fraction=0.9", "train.beta=0.003", "train.skip_zero_advantage=false"]),
+    "dpo": (RECIPE, ["train.algorithm=dpo"]),
 }
 PROMPTS = ["a shop sign that reads OPEN", "a chalkboard menu that says SOUP OF THE DAY",
            "a street sign reading MAIN ST"]

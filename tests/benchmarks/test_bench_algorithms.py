@@ -111,3 +111,19 @@ def test_a_budget_of_half_the_demo_is_half_its_epochs_of_its_own_algorithm(tmp_p
     # the demo: 150 epochs of 1.2 s = 3 min; half of it, 1.5 min = 90 s, is 45 epochs of 2 s
     assert bench.plan_epochs(args, [], tmp_path) == {"flow_grpo": 45}
     assert json.loads((tmp_path / bench.PLAN_FILE).read_text())["minutes"] == pytest.approx(1.5)
+
+
+def test_every_registered_algorithm_is_benchmarked_on_the_demo_and_at_real_shape():
+    """An algorithm added as one module (docs/DESIGN.md) is missed here until the benchmark selects it."""
+    from bench_gpu_throughput import ALGORITHM_RECIPES
+
+    from components.algorithms.base import algorithms
+    from pipeline.config import load_config
+
+    def selected(overrides: list[str]) -> str:
+        return next((o.split("=", 1)[1] for o in overrides if o.startswith("train.algorithm=")), "flow_grpo")
+
+    assert set(algorithms()) <= {selected(o) for o in bench.ALGORITHMS.values()}
+    assert set(bench.ALGORITHMS) == set(ALGORITHM_RECIPES)
+    for name, (recipe, overrides) in ALGORITHM_RECIPES.items():
+        assert load_config(recipe, overrides).train.algorithm == selected(bench.ALGORITHMS[name]), name

@@ -84,3 +84,16 @@ def test_an_epoch_without_a_preference_steps_on_zero_gradients(small_config, tmp
                for r in result.history)
     lora = _lora(result.lora_dir)
     assert all(not v.any() for k, v in lora.items() if "lora_B" in k)
+
+
+def test_an_accumulation_longer_than_the_epochs_pairs_still_steps_once_on_them_all(small_config, tmp_path):
+    """A pair takes two samples' places, so the accumulation a config sets for the other algorithms (4 micro-batches
+    of 2 samples here) can exceed DPO's micro-batches (2 pairs, one each): the epoch's one step then takes both,
+    exactly as an accumulation of 2 does, instead of never stepping."""
+    extra = [*DPO, "train.batch_size_per_worker=2", "tracking.sample_every=0", "train.epochs=2"]
+    long = train(small_config(*extra, "train.gradient_accumulation_steps=4"), tmp_path / "long", log=_quiet)
+    exact = train(small_config(*extra, "train.gradient_accumulation_steps=2"), tmp_path / "exact", log=_quiet)
+    assert [r["optimizer_step"] for r in long.history] == [1, 2]
+    a, b = _lora(long.lora_dir), _lora(exact.lora_dir)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k)
