@@ -4,11 +4,25 @@ pipeline parameters that name them (``cluster.image``, ``reward_deploy.image``, 
 ``.fetch_image``, ``cluster.s3_secret`` / ``.mlflow_secret``, ``reward_deploy.s3_secret``, the pipeline's
 ``storage_root``); the shipped configs and manifests spell the same values (tests compare them)."""
 
+import tomllib
 from importlib import metadata
+from pathlib import Path
 
 REGISTRY = "ghcr.io/flowgrpo"
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def package_version() -> str:
+    """The installed package's version; from a source checkout that is not installed (a GPU node importing the
+    repo by PYTHONPATH), pyproject.toml's, which is what an install would record."""
+    try:
+        return metadata.version("flowgrpo-mlops")
+    except metadata.PackageNotFoundError:
+        return tomllib.loads(PYPROJECT.read_text())["project"]["version"]
+
+
 # The images are tagged with the package's version (images/build.sh reads it from pyproject.toml).
-VERSION = metadata.version("flowgrpo-mlops")
+VERSION = package_version()
 IMAGES = ("trainer", "reward-server", "components", "vllm-judge", "mlflow")
 S3_SECRET = "flowgrpo-s3"
 MLFLOW_SECRET = "flowgrpo-mlflow"
