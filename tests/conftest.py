@@ -33,6 +33,8 @@ SLOWEST_FIRST = [
     "tests/vllm/test_vlm_judge_real.py", "tests/integration/test_compile.py", "tests/integration/test_training.py",
     "tests/integration/test_evaluate.py", "tests/integration/test_training_rewards.py",
     "tests/integration/test_reward_server_outage.py", "tests/integration/test_tracking.py",
+    "tests/integration/test_dpo_training.py", "tests/integration/test_awm_training.py",
+    "tests/integration/test_mix_grpo_training.py", "tests/integration/test_dance_sde_training.py",
     *PER_TEST_FILES,  # then the benchmark smoke runs (1-3 min each), then the rest in collection order
 ]
 
