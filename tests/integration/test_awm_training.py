@@ -3,9 +3,8 @@ LoRA (and EMA anchor) as an uninterrupted one, and FSDP on 2 workers trains the 
 
 import pytest
 import torch
+from algorithm_runs import resumed_beside_uninterrupted, sharded_beside_plain
 from metric_rows import without_timing
-from process_group import run_in_process_group, train_tiny
-from safetensors.torch import load_file
 
 from components.trainer import checkpoint as ckpt
 from components.trainer.training_run import train
@@ -16,10 +15,6 @@ AWM = ["train.algorithm=awm", "train.awm.decay_rate=0.5", "train.beta=0.04"]
 
 def _quiet(_msg: str) -> None:
     pass
-
-
-def _lora(path):
-    return load_file(str(path / ckpt.LORA_FILE))
 
 
 @pytest.mark.slow
@@ -41,12 +36,7 @@ def test_awm_learns_on_the_tiny_model(tmp_path):
 
 
 def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_path):
-    extra = [*AWM, "tracking.sample_every=0"]  # no grid at epoch 2
-    full = train(small_config("train.epochs=4", *extra), tmp_path / "full", log=_quiet)
-    train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
-    resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)
-    a, b = _lora(full.lora_dir), _lora(resumed.lora_dir)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    full, resumed = resumed_beside_uninterrupted(small_config, tmp_path, [*AWM, "tracking.sample_every=0"])
     assert without_timing(full.history) == without_timing(resumed.history)
     # 2 optimizer steps an epoch: the second's old log-probs come from the swapped-in sampling weights
     assert all(r["awm/ratio"] != 1.0 for r in full.history)
@@ -58,15 +48,5 @@ def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_pa
 
 
 def test_fsdp_trains_the_lora_the_unsharded_run_trains(tmp_path):
-    # sharded_training.RUN's shape: 2 workers x 4 images, micro-batches of 2 (2 optimizer steps an epoch, so the
-    # old policy's and the anchor's weight swaps run on the sharded transformer), KL and EMA on
-    run = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
-           "train.batch_size_per_worker=2", "sampling.num_steps=4", "train.ema.enabled=true",
-           "train.ema.update_every=1", "tracking.system_metrics=false", "tracking.sample_every=0", "train.epochs=2",
-           *AWM]
-    for sharding in ("none", "fsdp"):
-        run_in_process_group(train_tiny, 2, [*run, f"train.sharding={sharding}"], str(tmp_path / sharding))
-    plain, sharded = _lora(tmp_path / "none" / "lora"), _lora(tmp_path / "fsdp" / "lora")
-    assert plain.keys() == sharded.keys()
-    assert all(torch.allclose(plain[k], sharded[k], rtol=1e-5, atol=1e-7) for k in plain)
-    assert any(float(v.abs().max()) > 1e-4 for v in sharded.values())  # it did train
+    # 2 optimizer steps an epoch, so the old policy's and the anchor's weight swaps run on the sharded transformer
+    sharded_beside_plain(tmp_path, ["sampling.num_steps=4", *AWM])

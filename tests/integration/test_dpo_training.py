@@ -4,11 +4,9 @@ a single preference pair steps the optimizer on zero gradients."""
 
 import pytest
 import torch
+from algorithm_runs import lora, resumed_beside_uninterrupted, sharded_beside_plain
 from metric_rows import without_timing
-from process_group import run_in_process_group, train_tiny
-from safetensors.torch import load_file
 
-from components.trainer import checkpoint as ckpt
 from components.trainer.training_run import train
 
 DPO = ["train.algorithm=dpo"]
@@ -16,10 +14,6 @@ DPO = ["train.algorithm=dpo"]
 
 def _quiet(_msg: str) -> None:
     pass
-
-
-def _lora(path):
-    return load_file(str(path / ckpt.LORA_FILE))
 
 
 @pytest.mark.slow
@@ -45,29 +39,16 @@ def test_dpo_learns_on_the_tiny_model(tmp_path):
 
 def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_path):
     # one pair per micro-batch: 2 micro-batches and 2 optimizer steps an epoch
-    extra = [*DPO, "train.batch_size_per_worker=2", "tracking.sample_every=0"]
-    full = train(small_config("train.epochs=4", *extra), tmp_path / "full", log=_quiet)
-    train(small_config("train.epochs=2", *extra), tmp_path / "split", log=_quiet)
-    resumed = train(small_config("train.epochs=4", *extra), tmp_path / "split", resume=True, log=_quiet)
-    a, b = _lora(full.lora_dir), _lora(resumed.lora_dir)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    full, resumed = resumed_beside_uninterrupted(
+        small_config, tmp_path, [*DPO, "train.batch_size_per_worker=2", "tracking.sample_every=0"])
     assert without_timing(full.history) == without_timing(resumed.history)
     assert [r["optimizer_step"] for r in full.history] == [2, 4, 6, 8]
 
 
 def test_fsdp_trains_the_lora_the_unsharded_run_trains(tmp_path):
-    # sharded_training.RUN's shape: 2 workers x one group of 4 images, one pair per micro-batch and worker (the
-    # reference forward with the adapter disabled runs on the sharded transformer), EMA on
-    run = ["sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=4",
-           "train.batch_size_per_worker=2", "sampling.num_steps=4", "train.ema.enabled=true",
-           "train.ema.update_every=1", "tracking.system_metrics=false", "tracking.sample_every=0", "train.epochs=2",
-           *DPO]
-    for sharding in ("none", "fsdp"):
-        run_in_process_group(train_tiny, 2, [*run, f"train.sharding={sharding}"], str(tmp_path / sharding))
-    plain, sharded = _lora(tmp_path / "none" / "lora"), _lora(tmp_path / "fsdp" / "lora")
-    assert plain.keys() == sharded.keys()
-    assert all(torch.allclose(plain[k], sharded[k], rtol=1e-5, atol=1e-7) for k in plain)
-    assert any(float(v.abs().max()) > 1e-4 for v in sharded.values())  # it did train
+    # one group of 4 images per worker, one pair per micro-batch: the reference forward with the adapter disabled
+    # runs on the sharded transformer
+    sharded_beside_plain(tmp_path, ["sampling.num_steps=4", *DPO])
 
 
 def test_an_epoch_without_a_preference_steps_on_zero_gradients(small_config, tmp_path, monkeypatch):
@@ -82,8 +63,8 @@ def test_an_epoch_without_a_preference_steps_on_zero_gradients(small_config, tmp
     assert [r["optimizer_step"] for r in result.history] == [1, 2]
     assert all("policy_loss" not in r and r["grad_norm"] == 0.0 and r["trained_fraction"] == 0.0
                for r in result.history)
-    lora = _lora(result.lora_dir)
-    assert all(not v.any() for k, v in lora.items() if "lora_B" in k)
+    weights = lora(result.lora_dir)
+    assert all(not v.any() for k, v in weights.items() if "lora_B" in k)
 
 
 def test_an_accumulation_longer_than_the_epochs_pairs_still_steps_once_on_them_all(small_config, tmp_path):
@@ -94,6 +75,6 @@ def test_an_accumulation_longer_than_the_epochs_pairs_still_steps_once_on_them_a
     long = train(small_config(*extra, "train.gradient_accumulation_steps=4"), tmp_path / "long", log=_quiet)
     exact = train(small_config(*extra, "train.gradient_accumulation_steps=2"), tmp_path / "exact", log=_quiet)
     assert [r["optimizer_step"] for r in long.history] == [1, 2]
-    a, b = _lora(long.lora_dir), _lora(exact.lora_dir)
+    a, b = lora(long.lora_dir), lora(exact.lora_dir)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k)
