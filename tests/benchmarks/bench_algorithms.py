@@ -182,7 +182,8 @@ def report(results: dict[str, list[dict]], epochs: dict[str, int], images_per_ep
         strict = t_interval([r["eval"]["rewards"][STRICT]["delta"] for r in runs])
         above = sum(r["eval"]["rewards"][k]["ci_low"] > 0 for r in runs for k in (REWARD, STRICT))
         reach = reach_minutes(c, target)
-        reach_cell = "not reached" if math.isnan(reach) else f"{reach:.1f} ({reach / reference_minutes:.2f}x)"
+        reach_cell = ("-" if target <= 0 else "not reached" if math.isnan(reach)  # a reference that gained nothing
+                      else f"{reach:.1f} ({reach / reference_minutes:.2f}x)")
         minutes = statistics.fmean(cc["minutes"][-1] for cc in c)
         print(f"| {algorithm} | {epochs[algorithm]} | {epochs[algorithm] * images_per_epoch} | {minutes:.1f} "
               f"| {base:.3f} -> {end:.3f} | {_fmt(*gain)} | {_fmt(*partial)} | {_fmt(*strict)} "

@@ -73,6 +73,12 @@ def test_report_and_plot_show_every_algorithm(tmp_path, capsys):
     assert "+0.090" in rows["flow_grpo"] and "0.250 -> 0.340" in rows["flow_grpo"]
     assert "1.0 (0.50x)" in rows["diffusion_nft"] and "+0.100" in rows["diffusion_nft"]  # eval partial mean
     assert "3 of 4" in rows["diffusion_nft"]  # per-run CIs above 0: both partial, one strict (0.08 - 0.05)
+    losing = {"flow_grpo": [run(0, -0.02, 0.0, 0.0), run(1, -0.04, 0.0, 0.0)],
+              "diffusion_nft": results["diffusion_nft"]}
+    bench.report(losing, {"flow_grpo": 4, "diffusion_nft": 4}, 64)
+    losing_rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+                   if line.startswith("| ")}
+    assert losing_rows["diffusion_nft"].rstrip().endswith("| - |")  # no time to reach a reference that lost ground
     # neither mean eval delta (0.065, 0.100) reaches the demo's 150-epoch gain
     assert "reached (mean eval delta at or above it) by: none; the best is diffusion_nft, +0.100" in out
     bench.plot(results, 64, tmp_path / "curves.png")
