@@ -159,9 +159,6 @@ class AWM(Algorithm):
         # the EMA anchor of the KL term follows the trained weights as DiffusionNFT's old policy does
         self.anchor = OldPolicy(params, self.section)
 
-    def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
-        return self._sampler((), ())  # every step Euler; only the final, clean latent is kept
-
     def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         metrics = awm_update(self.model, rollout, advantages, sampler, generator, optim, self.anchor,
@@ -173,9 +170,7 @@ class AWM(Algorithm):
         return self.anchor.state_dict()
 
     def load_state_dict(self, state: dict | None) -> None:
-        if state is None:
-            raise ValueError("the checkpoint holds no AWM EMA anchor")
-        self.anchor.load_state_dict(state)
+        self.anchor.load_state_dict(state, "AWM EMA anchor")
 
 
 def awm_update(

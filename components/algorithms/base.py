@@ -10,6 +10,7 @@ section among them) in an image without it. Torch and the trainer's helpers are 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
@@ -60,9 +61,10 @@ class Algorithm(ABC):
                              f"{cls.name} (train.algorithm {cls.key}) has none; remove it")
         return notes
 
-    @abstractmethod
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
-        """Epoch ``epoch``'s sampler (``generator``: the epoch's, for anything drawn once per epoch)."""
+        """Epoch ``epoch``'s sampler (``generator``: the epoch's, for anything drawn once per epoch). By default ODE
+        rollouts: every step Euler, only the final, clean latent kept; an algorithm scoring SDE steps overrides it."""
+        return self._sampler((), ())
 
     @abstractmethod
     def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
@@ -114,12 +116,19 @@ def register(key: str) -> Callable[[A], A]:
     return add
 
 
-def algorithms() -> dict[str, type[Algorithm]]:
-    """Every algorithm, by key: the modules of this package are imported once, each registering its own."""
+@functools.cache
+def _import_modules() -> None:
+    """Import this package's modules, each registering its own algorithm: once a process, not on every config
+    validated."""
     package = importlib.import_module(_PACKAGE)
     for module in pkgutil.iter_modules(package.__path__):
         if module.name not in _NOT_ALGORITHMS:
             importlib.import_module(f"{_PACKAGE}.{module.name}")
+
+
+def algorithms() -> dict[str, type[Algorithm]]:
+    """Every algorithm, by key."""
+    _import_modules()
     return dict(sorted(_REGISTRY.items()))
 
 

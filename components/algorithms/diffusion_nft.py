@@ -61,7 +61,10 @@ class OldPolicy:
     def state_dict(self) -> dict:
         return {"old_policy": [w.cpu() for w in self.weights]}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | None, what: str) -> None:
+        """Restore ``state_dict``'s copy; a checkpoint without one is refused, naming ``what`` it lacks."""
+        if state is None:
+            raise ValueError(f"the checkpoint holds no {what}")
         for w, saved in zip(self.weights, state["old_policy"], strict=True):
             w.copy_(saved)
 
@@ -74,9 +77,6 @@ class DiffusionNFT(Algorithm):
     def __init__(self, config: JobConfig, model: FlowMatchingModel, params: list[torch.nn.Parameter]) -> None:
         super().__init__(config, model, params)
         self.old = OldPolicy(params, self.section)
-
-    def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
-        return self._sampler((), ())  # every step Euler; only the final, clean latent is kept
 
     def sampling_weights(self) -> contextlib.AbstractContextManager[None]:
         return self.old.applied(self.params)
@@ -92,9 +92,7 @@ class DiffusionNFT(Algorithm):
         return self.old.state_dict()
 
     def load_state_dict(self, state: dict | None) -> None:
-        if state is None:
-            raise ValueError("the checkpoint holds no DiffusionNFT old policy")
-        self.old.load_state_dict(state)
+        self.old.load_state_dict(state, "DiffusionNFT old policy")
 
 
 def nft_update(

@@ -110,9 +110,6 @@ class DPO(Algorithm):
                          "sets its strength)")
         return notes
 
-    def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
-        return self._sampler((), ())  # every step Euler; only the final, clean latent is kept
-
     def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         """Train on this worker's pairs; returns mean metrics.
