@@ -104,3 +104,13 @@ def test_soft_update_moves_the_old_weights_towards_the_current():
     assert old[1].item() == pytest.approx(3.0)
     soft_update(old, current, 0.0)
     assert torch.equal(old[0], current[0])
+
+
+def test_the_old_policy_restores_its_copy_and_refuses_a_checkpoint_without_one():
+    from components.algorithms.diffusion_nft import DiffusionNFTConfig, OldPolicy
+
+    old = OldPolicy([torch.nn.Parameter(torch.zeros(2))], DiffusionNFTConfig())
+    with pytest.raises(ValueError, match="the checkpoint holds no AWM EMA anchor"):
+        old.load_state_dict(None, "AWM EMA anchor")
+    old.load_state_dict({"old_policy": [torch.ones(2)]}, "DiffusionNFT old policy")
+    assert torch.equal(old.weights[0], torch.ones(2))
