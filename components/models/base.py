@@ -106,6 +106,11 @@ class FlowMatchingModel(ABC):
     default_max_sequence_length = 128  # text tokens per prompt when model.max_sequence_length is null
     text_tokenizer = "tokenizer"  # the tokenizer whose limit caps the text length
     video = False  # latents with a time axis, decoded to frames (B, F, 3, H, W)
+    # input images each prompt comes with (editing, image-to-video): 0 for a text-to-image family; a family that takes
+    # them reads them in ``encode_prompts`` and keeps what it derives from them in the embedding (docs/MODELS.md)
+    input_images = 0
+    # the embedding's tensors derived from the input images: a CFG negative row takes them from its prompt's row
+    condition_keys: tuple[str, ...] = ()
 
     def __init__(self, pipeline, device: torch.device, dtype: torch.dtype, negative_prompt: str = "",
                  max_sequence_length: int | None = None, num_frames: int = 1) -> None:
@@ -130,8 +135,9 @@ class FlowMatchingModel(ABC):
         """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""
         return {"guidance_scale": guidance_scale, "negative_prompt": self.negative_prompt}
 
-    def pipeline_inputs(self, prompts: list[str], guidance_scale: float) -> dict:
-        """Keyword arguments of the pipeline's ``__call__`` on ``prompts``, guided as ``predict_velocity`` guides."""
+    def pipeline_inputs(self, prompts: list[str], guidance_scale: float, images: list[list] | None = None) -> dict:
+        """Keyword arguments of the pipeline's ``__call__`` on ``prompts`` (with each prompt's input images, PIL,
+        for a family that takes them), guided as ``predict_velocity`` guides."""
         return {"prompt": prompts, **self.pipeline_call_kwargs(guidance_scale)}
 
     def training_guidance_scale(self, guidance_scale: float, train_cfg: bool) -> float:
@@ -178,8 +184,21 @@ class FlowMatchingModel(ABC):
         return row
 
     @abstractmethod
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
-        """Conditional embeddings, one row per prompt."""
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
+        """Conditional embeddings, one row per prompt. ``images``: each prompt's input images, (B, N, 3, R, R)
+        float32 in [-1, 1] at the model's resolution R with N = ``input_images``; None for a text-to-image
+        family (``check_input_images`` refuses a mismatch before this is called)."""
+
+    def check_input_images(self, count: int, where: str) -> None:
+        """Refuse rows carrying ``count`` input images each when this family takes another number."""
+        family = type(self.pipeline).__name__
+        if count == self.input_images:
+            return
+        if not self.input_images:
+            raise ModelLoadError(f"{where}: the rows carry {count} input image(s), but {family} makes images from "
+                                 "text alone; train an editing or image-to-video family on them (docs/MODELS.md)")
+        raise ModelLoadError(f"{where}: {family} takes {self.input_images} input image(s) per prompt, but the rows "
+                             f"carry {count}; give every row `images` with {self.input_images} (docs/DATASETS.md)")
 
     @abstractmethod
     def latent_shape(self, resolution: int) -> tuple[int, ...]:
@@ -227,10 +246,21 @@ class FlowMatchingModel(ABC):
         return (image.float() / 2 + 0.5).clamp(0, 1)
 
     def negative_embeddings(self) -> PromptEmbeddings:
-        """The negative-prompt embedding used for CFG, computed once (LoRA never touches the text encoders)."""
+        """The negative-prompt text embedding used for CFG, computed once (LoRA never touches the text encoders).
+        A family with input images encodes the text alone here (``encode_prompts(..., None)``); ``negative_for``
+        adds each row's image conditioning."""
         if self._negative is None:
             self._negative = self.encode_prompts([self.negative_prompt])
         return self._negative
+
+    def negative_for(self, cond: PromptEmbeddings) -> PromptEmbeddings:
+        """The CFG negative rows for the prompt rows ``cond``: the negative text for each, with the row's input
+        image conditioning (its ``condition_keys``)."""
+        rows = self.negative_embeddings().expand_to(len(cond))
+        carried = {k: cond.tensors[k] for k in self.condition_keys if k in cond.tensors}
+        if not carried:
+            return rows
+        return PromptEmbeddings({**{k: v for k, v in rows.tensors.items() if k not in carried}, **carried})
 
     def combine_cfg(self, uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
         return uncond + scale * (cond - uncond)
@@ -246,8 +276,7 @@ class FlowMatchingModel(ABC):
         x = latents.to(self.dtype)
         if guidance_scale == 1.0 or self.guidance_mode in ("embedded", "none"):
             return self._forward(x, sigma, cond, guidance_scale).float()
-        single = self.negative_embeddings()
-        negative = single.cached(f"rows{len(cond)}", lambda: single.expand_to(len(cond)))
+        negative = cond.cached("negative", lambda: self.negative_for(cond))
         if not uncond_grad and torch.is_grad_enabled():
             cond_v = self._forward(x, sigma, cond, guidance_scale).float()
             with torch.no_grad():

@@ -29,7 +29,7 @@ class FluxModel(PackedLatentModel):
         return {"guidance_scale": guidance_scale, "max_sequence_length": self.max_sequence_length}
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
         embeds, pooled, _ = self.pipeline.encode_prompt(
             prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length,
         )

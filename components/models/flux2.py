@@ -59,7 +59,7 @@ class Flux2KleinModel(FlowMatchingModel):
         return compute_empirical_mu(self.image_seq_len(resolution), num_steps)
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
         embeds, _ = self.pipeline.encode_prompt(prompt=prompts, device=self.device,
                                                 max_sequence_length=self.max_sequence_length)
         return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype)})

@@ -23,7 +23,7 @@ class QwenImageModel(PackedLatentModel):
                 "max_sequence_length": self.max_sequence_length}
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
         embeds, mask = self.pipeline.encode_prompt(prompt=prompts, device=self.device,
                                                    max_sequence_length=self.max_sequence_length)
         if mask is None:  # the pipeline drops an all-ones mask; rows must keep one to be selected and batched

@@ -16,7 +16,7 @@ class SD3Model(FlowMatchingModel):
         return {**super().pipeline_call_kwargs(guidance_scale), "max_sequence_length": self.max_sequence_length}
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
         embeds, _, pooled, _ = self.pipeline.encode_prompt(
             prompt=prompts, prompt_2=None, prompt_3=None, device=self.device,
             do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length,

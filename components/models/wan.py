@@ -51,7 +51,7 @@ class WanModel(FlowMatchingModel):
                 "max_sequence_length": self.max_sequence_length, "num_frames": self.num_frames}
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
         embeds = self.pipeline.encode_prompt(prompt=prompts, do_classifier_free_guidance=False,
                                              max_sequence_length=self.max_sequence_length, device=self.device)[0]
         return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype)})

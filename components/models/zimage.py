@@ -38,7 +38,7 @@ class ZImageModel(FlowMatchingModel):
                 "negative_prompt": [self.negative_prompt] * len(prompts)}
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: list[str]) -> PromptEmbeddings:
+    def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
         # a copy: the pipeline writes the chat-templated text into the list it is given
         embeds = self.pipeline.encode_prompt(prompt=list(prompts), device=self.device,
                                              do_classifier_free_guidance=False,
