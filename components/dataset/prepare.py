@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 Kind = Literal["ocr", "generic"]
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 BUILTIN_KINDS: dict[str, Kind] = {"ocr": "ocr", "aesthetic": "generic", "compositional": "generic",
-                                  "shapes": "generic"}
+                                  "shapes": "generic", "shapes-edit": "generic"}
 BUILTIN_PREFIX = "builtin:"
 
 # Reason key -> what it means (in report order).

@@ -1,15 +1,20 @@
 """The shapes edit world and its rewards, on scenes drawn by hand whose answer is known by construction."""
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
+from components.dataset.prepare import BUILTIN_KINDS
 from components.rewards.arguments import EditConsistencyArgs, ShapesEditArgs
 from components.rewards.config import RewardSpec
 from components.rewards.edit_consistency import EditConsistency, consistency
 from components.rewards.registry import build_reward
 from components.rewards.shape_edits import (
+    BUILTIN_PATH,
+    BUILTIN_ROWS,
     EDIT_WORDS,
     apply_edit,
     builtin_rows,
@@ -194,3 +199,11 @@ def test_edit_consistency_refuses_a_box_over_everything_and_takes_args():
     with pytest.raises(ValueError):
         EditConsistencyArgs(margin=0.6)
     assert build_reward(RewardSpec(name="shapes_edit", args={"mode": "strict"})).mode == "strict"
+
+
+def test_the_builtin_set_is_what_its_writer_makes():
+    lines = BUILTIN_PATH.read_text().splitlines()
+    assert len(lines) == BUILTIN_ROWS
+    # the rows are drawn one after another from one seed: the first 40 of the writer's are the file's first 40
+    assert [json.loads(line) for line in lines[:40]] == builtin_rows(40)
+    assert "shapes-edit" in BUILTIN_KINDS
