@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from components import storage
+from components.dataset.prepared import PromptRow
 from components.errors import DataError
 from components.rewards.codec import ImageDecodeError, ImageTooLargeError, decode_image, image_bytes_b64
 
@@ -101,6 +102,12 @@ def load_image(ref: str) -> np.ndarray:
     image = decode(read_bytes(ref), ref)
     image.flags.writeable = False
     return image
+
+
+def describe(row: PromptRow) -> str:
+    """A row as an error message names it."""
+    image = row.images[0] if row.images else ""
+    return f"the row {row.prompt!r}" + (f" (input image {_describe(image)})" if image else "")
 
 
 def load_row_images(images: Sequence[str], where: str) -> list[np.ndarray]:
