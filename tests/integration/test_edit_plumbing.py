@@ -71,3 +71,49 @@ def test_a_sample_grid_shows_each_input_left_of_its_sample():
     assert grid.shape[1] == 2 * plain.shape[1]  # each tile twice as wide
     tile = grid.shape[1] // 2  # 2 tiles a row: the first tile is [input | sample]
     assert (grid[10, :tile // 2] == 255).all() and (grid[10, tile // 2:tile] == 0).all()
+
+
+def test_a_trained_edit_lora_reloads_and_the_registered_model_edits_the_given_image(tmp_path):
+    """The LoRA of an editing run, loaded by the pipeline's own load_lora_weights, makes the images the trainer's
+    model makes from the same input; the registered pyfunc takes the input as input_image_b64 and serves them."""
+    import json
+    from types import SimpleNamespace
+
+    from components.dataset.input_images import square
+    from components.models.generate import generate
+    from components.registry.pyfunc_model import LoRAImageModel
+    from components.rewards.codec import decode_image_b64, encode_png_b64
+    from components.trainer.loop import Trainer
+    from pipeline.config import CONFIG_DIR, load_config
+
+    rows = _rows(tmp_path, 2)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"prompt": r.prompt, "images": list(r.images)}) + "\n"
+                                                 for r in rows))
+    config = load_config(CONFIG_DIR / "tiny-flux-cpu.yaml", [
+        "model.kind=tiny-flux-kontext", "data.prompts=null", f"data.path={tmp_path / 'rows.jsonl'}", "train.epochs=1",
+        "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
+        "train.batch_size_per_worker=8", "sampling.num_steps=4", "train.learning_rate=0.05"])
+    trainer = Trainer(config, tmp_path / "run", log=_quiet)
+    trainer.fit()
+    source = np.asarray(Image.open(rows[1].images[0]))
+    shown = square(source, 32)
+    kw = {"resolution": 32, "num_steps": 4, "guidance_scale": 3.5, "seed": 0}
+    trained = generate(trainer.model, ["make it red"], images=[[shown]], **kw)
+    fresh = load_model(config.model, config.seed)
+    base = generate(fresh, ["make it red"], images=[[shown]], **kw)
+    fresh.pipeline.load_lora_weights(str(tmp_path / "run" / "lora"))
+    assert np.array_equal(generate(fresh, ["make it red"], images=[[shown]], **kw), trained)
+    assert not np.array_equal(base, trained)
+    other = generate(fresh, ["make it red"], images=[[square(np.asarray(Image.open(rows[0].images[0])), 32)]], **kw)
+    assert not np.array_equal(other, trained)  # the input image shapes the edit
+
+    (tmp_path / "model.json").write_text(json.dumps({"model": config.model.model_dump(mode="json"),
+                                                     "seed": config.seed}))
+    served = LoRAImageModel()
+    served.load_context(SimpleNamespace(artifacts={"lora": str(tmp_path / "run" / "lora"),
+                                                   "model": str(tmp_path / "model.json")}))
+    frame = served.predict(None, {"prompt": ["make it red"], "input_image_b64": [encode_png_b64(source)]},
+                           params={"seed": 0, "num_inference_steps": 4, "guidance_scale": 3.5})
+    assert np.array_equal(decode_image_b64(frame["image_png_b64"][0], 4096)[None], trained)
+    with pytest.raises(ValueError, match="input_image_b64 is missing on row 1"):
+        served.predict(None, {"prompt": ["a", "b"], "input_image_b64": [encode_png_b64(source), None]})
