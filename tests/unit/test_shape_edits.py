@@ -7,7 +7,7 @@ import pytest
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter
 
-from components.dataset.prepare import BUILTIN_KINDS
+from components.dataset.config import BUILTIN_KINDS
 from components.rewards.arguments import EditConsistencyArgs, ShapesEditArgs
 from components.rewards.config import RewardSpec
 from components.rewards.edit_consistency import EditConsistency, consistency
