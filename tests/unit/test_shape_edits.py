@@ -207,3 +207,15 @@ def test_the_builtin_set_is_what_its_writer_makes():
     # the rows are drawn one after another from one seed: the first 40 of the writer's are the file's first 40
     assert [json.loads(line) for line in lines[:40]] == builtin_rows(40)
     assert "shapes-edit" in BUILTIN_KINDS
+
+
+def test_edit_consistency_through_the_reward_call_with_inputs():
+    source = np.full((48, 48, 3), 255, np.uint8)
+    kept, spoilt = source.copy(), source.copy()
+    kept[0:24, 24:48] = 0  # the edit, inside the box
+    spoilt[30:36, 6:12] = 0  # 36 of the 1728 pixels outside the box turned black
+    out = EditConsistency()(np.stack([kept, spoilt]), ["remove the square"] * 2, [{"edit_box": [0, 24, 24, 48]}] * 2,
+                            inputs=[[source], [source]])
+    assert out.scores.tolist() == [1.0, pytest.approx(1 - 36 / 1728)]
+    missing = EditConsistency()(kept[None], ["remove the square"], [{}], inputs=[[]])
+    assert "has none" in missing.errors[0]
