@@ -56,7 +56,7 @@ class EditPretrainConfig:
     sigma_groups: int = 4
     eval_triples: int = 64
     eval_steps: int = 10
-    threads: int = 2
+    threads: int = 1
 
 
 def adapter(pipe) -> FluxKontextModel:
