@@ -2,6 +2,7 @@
 deterministic, the shipped weights loaded behind the Kontext adapter."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -68,5 +69,7 @@ def test_the_shipped_model_loads_behind_the_kontext_adapter():
     assert isinstance(model, FluxKontextModel) and model.guidance_mode == "none" and model.input_images == 1
     shipped = load_file(str(shapes_kontext.WEIGHTS))
     assert all(torch.equal(value, shipped[name]) for name, value in model.transformer.state_dict().items())
+    log = json.loads(shapes_kontext.WEIGHTS.with_suffix(".json").read_text())
+    assert log["config"] == asdict(EditPretrainConfig())  # the script's defaults rebuild the committed file
     with pytest.raises(ValueError, match="shapes-kontext demo model was trained at 48 px"):
         ModelConfig(kind="shapes-kontext", resolution=32)
