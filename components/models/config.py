@@ -35,6 +35,7 @@ class LoRAConfig(Section):
 # check runs then.
 GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
 TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg",
+                                          "tiny-qwenimage-edit": "true_cfg",
                                           "tiny-zimage": "cfg", "tiny-flux2": "cfg", "tiny-wan": "cfg",
                                           "shapes-sd3": "cfg"}
 VIDEO_KINDS = ("tiny-wan", "diffusers")  # a diffusers pipeline's adapter checks num_frames when loaded
@@ -43,10 +44,13 @@ SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position emb
 
 class ModelConfig(Section):
     kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "tiny-wan", "shapes-sd3",
+                  "tiny-qwenimage-edit",
                   "diffusers"] = Field(
         default="tiny-sd3",
         description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein) / "
-                    "`tiny-wan` (Wan2.1 text-to-video): random pipeline of that family built from config; "
+                    "`tiny-wan` (Wan2.1 text-to-video) / "
+                    "`tiny-qwenimage-edit` (Qwen-Image-Edit-2509, edits an input image): random pipeline of that "
+                    "family built from config; "
                     "`shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); `diffusers`: load "
                     "`path` (SD3, FLUX.1, Qwen-Image, Z-Image, FLUX.2 klein or Wan2.1, from its model_index.json)",
     )
