@@ -38,7 +38,7 @@ def build_tiny_qwenimage_edit(resolution: int, seed: int) -> QwenImageEditPlusPi
         torch.manual_seed(seed)
         transformer = tiny_transformer()
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=LATENT_CHANNELS, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=1,
+        vae = AutoencoderKLQwenImage(base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 2, 2, 2], num_res_blocks=1,
                                      temperal_downsample=[False] * 4)
         text_encoder = tiny_text_encoder(tokenizer, seed + 2, patch_size=VISION_PATCH)
     pipe = QwenImageEditPlusPipeline(transformer=transformer, scheduler=tiny_scheduler(), vae=vae,

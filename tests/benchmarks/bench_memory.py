@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_memory.py
         [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr,flux2-klein-pickscore,
-                   zimage-pickscore,wan21-t2v-1.3b-pickscore]
+                   zimage-pickscore,wan21-t2v-1.3b-pickscore,qwenimage-edit-2509]
         [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b]
         [--all-settings]
         [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
@@ -54,7 +54,8 @@ from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 TARGET_GIB = 72.0
 RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
            "qwenimage-ocr": "qwen-image", "flux2-klein-pickscore": "flux2-klein",
-           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b"}
+           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b",
+           "qwenimage-edit-2509": "qwen-image-edit"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
@@ -82,6 +83,10 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
     FLUX's T5; FLUX.2 klein's padded Qwen3 length; Wan's padded UMT5 length."""
     if family in ("qwen-image", "z-image"):
         return QWEN_PROMPT_TOKENS
+    if family == "qwen-image-edit":  # the picture's tokens join the prompt's (memory_estimate.FAMILIES)
+        import memory_estimate
+
+        return memory_estimate.FAMILIES[family].text_tokens
     if family == "flux2-klein":
         from components.models.flux2 import Flux2KleinModel
 
@@ -241,7 +246,7 @@ def real_shape_pipeline(family: str, config: ExperimentConfig, *, cpu: bool) -> 
     kwargs: dict[str, Any] = {"text_layers": CPU_TEXT_LAYERS if cpu else 2}
     if cpu:
         kwargs["transformer_layers"] = CPU_SIZES["transformer_layers"]
-        if family != "qwen-image":
+        if family not in ("qwen-image", "qwen-image-edit"):
             kwargs["max_sequence_length"] = CPU_T5_LENGTH
     return real_shapes.BUILDERS[family](device="cpu", dtype=getattr(torch, config.model.dtype), **kwargs)
 

@@ -49,6 +49,7 @@ from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, P
 from components.models.config import LoRAConfig
 from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
+from components.models.qwenimage_edit import QwenImageEditModel
 from components.models.wan import WanModel
 from components.models.zimage import ZImageModel
 
@@ -75,7 +76,13 @@ FAMILIES: dict[str, Family] = {
     "flux2-klein": Family(512, 512),  # every prompt, the empty negative too, padded to the Qwen3 length
     "z-image": Family(100, 8),  # the prompt's own length; the empty negative is the chat template's 8 tokens
     "wan21-1.3b": Family(226, 226),  # every prompt, the empty negative too, padded to the UMT5 length
+    # the prompt and the negative " " each with the input picture: "Picture 1: " and its 196 vision tokens (384 px,
+    # 14 px patches merged 2x2) between vision start / end
+    "qwen-image-edit": Family(100 + 202, 6 + 202),
 }
+# Qwen-Image-Edit-2509's input image beside the noisy tokens: its VAE latents at 1024 x 1024 px whatever the output
+# size (the pipeline's VAE_IMAGE_SIZE), 64 x 64 tokens of 2x2 patches
+EDIT_IMAGE_TOKENS = (1024 // 16) ** 2
 
 
 # --- live-storage accounting ---
@@ -214,6 +221,13 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
     if isinstance(model, WanModel):  # UMT5 states of text_dim, padded with zeros, no mask
         return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)})
     text = _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)
+    if isinstance(model, QwenImageEditModel):  # each row's negative (with the picture) and input latents too
+        negative = FAMILIES["qwen-image-edit"].negative_tokens
+        return PromptEmbeddings({
+            "prompt_embeds": text, "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long),
+            "negative_prompt_embeds": _empty(mode, (rows, negative, config.joint_attention_dim), model.dtype),
+            "negative_prompt_embeds_mask": torch.ones(rows, negative, dtype=torch.long),
+            "image_latents": _empty(mode, (rows, EDIT_IMAGE_TOKENS, config.in_channels), model.dtype)})
     if isinstance(model, QwenImageModel):
         return PromptEmbeddings({"prompt_embeds": text,
                                  "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})

@@ -30,6 +30,7 @@ from diffusers import (
     Flux2Transformer2DModel,
     FluxPipeline,
     FluxTransformer2DModel,
+    QwenImageEditPlusPipeline,
     QwenImagePipeline,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
@@ -59,7 +60,10 @@ from components.models.tiny_flux2 import klein_tokenizer
 from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 from components.models.tiny_zimage import zimage_tokenizer
 
-FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b")
+FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b",
+            "qwen-image-edit")
+# Qwen-Image-Edit-2509: Qwen-Image's transformer, VAE and text encoder (the same configs), in its edit pipeline
+QWEN_IMAGE_FAMILIES = ("qwen-image", "qwen-image-edit")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -295,7 +299,7 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
     if family == "flux1-dev":
         double, single = _flux_blocks(transformer_layers)
         return {**FLUX1_DEV_TRANSFORMER, "num_layers": double, "num_single_layers": single}
-    if family == "qwen-image":
+    if family in QWEN_IMAGE_FAMILIES:
         return {**QWEN_IMAGE_TRANSFORMER, "num_layers": _depth(QWEN_IMAGE_TRANSFORMER["num_layers"],
                                                                transformer_layers)}
     if family == "flux2-klein":
@@ -312,6 +316,7 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
 _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
                         "flux1-dev": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
+                        "qwen-image-edit": QwenImageTransformer2DModel,
                         "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel}
 
 
@@ -329,7 +334,7 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
     """The family's VAE alone (frozen, eval mode)."""
     device = _device(device)
     with _building(device, seed):
-        if family == "qwen-image":
+        if family in QWEN_IMAGE_FAMILIES:
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
         elif family == "flux2-klein":
             vae = AutoencoderKLFlux2()
@@ -400,6 +405,29 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
         text_encoder = _finish(qwen_text_encoder(text_layers, special, len(tokenizer)), device, dtype)
     return QwenImagePipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+def qwen_image_edit(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+                    text_layers: int | None = 2, transformer_layers: int | None = None,
+                    seed: int = 0) -> QwenImageEditPlusPipeline:
+    """A ``QwenImageEditPlusPipeline`` shaped like Qwen-Image-Edit-2509: Qwen-Image's parts (``qwen_image``) with
+    a processor for the input image (Qwen2.5-VL's 14 px patches, merged 2x2)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from components.models.qwenimage_edit import ImageQwen2VLProcessor
+    from components.models.tiny_qwenimage_edit import CORPUS as EDIT_CORPUS
+
+    device = _device(device)
+    tokenizer = tok.qwen_tokenizer(EDIT_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB + 100)
+    transformer = build_transformer("qwen-image-edit", device, dtype, transformer_layers, seed)
+    vae = build_vae("qwen-image-edit", device, dtype, seed + 1)
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN_SPECIAL_TOKENS}
+    with _building(device, seed + 2):
+        text_encoder = _finish(qwen_text_encoder(text_layers, special, len(tokenizer)), device, dtype)
+    processor = ImageQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
+    return QwenImageEditPlusPipeline(transformer=transformer,
+                                     scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae,
+                                     text_encoder=text_encoder, tokenizer=tokenizer, processor=processor)
 
 
 def flux2_klein(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
@@ -473,7 +501,7 @@ BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35
                                               "sd35-large": partial(sd35, "sd35-large"),
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image,
                                               "flux2-klein": flux2_klein, "z-image": z_image,
-                                              "wan21-1.3b": wan21_1_3b}
+                                              "wan21-1.3b": wan21_1_3b, "qwen-image-edit": qwen_image_edit}
 
 
 # --- real sizes, from meta builds ---
@@ -573,7 +601,8 @@ def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[st
     counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
               "flux1-dev": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
-              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders}
+              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders,
+              "qwen-image-edit": qwen_image_text_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return counts[family](layers)

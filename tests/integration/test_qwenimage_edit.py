@@ -12,11 +12,11 @@ import pytest
 import torch
 from PIL import Image
 
+from components.dataset.input_images import model_input
 from components.errors import ModelLoadError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models.config import LoRAConfig, ModelConfig
-from components.models.input_images import model_input
 from components.models.loading import load_model
 from components.models.qwenimage_edit import QwenImageEditModel
 from components.models.tiny_qwenimage_edit import build_tiny_qwenimage_edit
@@ -207,3 +207,23 @@ def test_diffusers_kind_detects_the_edit_pipeline_from_model_index_and_loads_off
     a, b = loaded.encode_prompts(PROMPTS[:1], images), reference.encode_prompts(PROMPTS[:1], images)
     assert a.tensors.keys() == b.tensors.keys()
     assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
+
+
+def test_the_gpu_recipe_gives_a_valid_rayjob_for_a_gpu_pool():
+    import sys
+
+    from components.launch.kubernetes.rayjob_manifest import build_rayjob
+    from components.trainer.loop import check_world_size
+    from pipeline.config import CONFIG_DIR, load_config
+
+    sys.path.insert(0, str(CONFIG_DIR.parents[1] / "tests"))
+    import rayjob_schema
+
+    config = load_config(CONFIG_DIR / "qwenimage-edit-2509.yaml")
+    manifest = build_rayjob(config, run_id="run-1", output="s3://flowgrpo/runs/t", parent_run_id=None)
+    assert rayjob_schema.errors(manifest) == []
+    (group,) = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert str(group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    assert group["replicas"] == 8
+    assert config.model.kind == "diffusers" and config.model.dtype == "bfloat16" and config.train.train_cfg
+    check_world_size(config, config.cluster.workers.training_workers)  # the global batch shards evenly
