@@ -29,7 +29,7 @@ PER_TEST_FILES = ("tests/benchmarks/test_benchmark_smoke_runs.py", "tests/integr
 SLOWEST_FIRST = [
     RAY_SCOPE, "tests/integration/test_local_run.py", "tests/integration/test_cli.py",
     "tests/integration/test_sharding.py", "tests/integration/test_model_families.py",
-    "tests/integration/test_video_family.py",
+    "tests/integration/test_video_family.py", "tests/integration/test_qwenimage_edit.py",
     "tests/vllm/test_vlm_judge_real.py", "tests/integration/test_compile.py", "tests/integration/test_training.py",
     "tests/integration/test_evaluate.py", "tests/integration/test_training_rewards.py",
     "tests/integration/test_reward_server_outage.py", "tests/integration/test_tracking.py",

@@ -52,10 +52,15 @@ class QwenImageEditModel(QwenImageModel):
         inputs = super().pipeline_inputs(prompts, guidance_scale)
         if images is None:
             return inputs
-        if len(prompts) != 1:
-            # the pipeline's __call__ refuses a batch: its image list is one prompt's references
-            raise ModelLoadError(f"{type(self.pipeline).__name__} edits one prompt per call; got {len(prompts)}")
-        return {**inputs, "image": list(images[0])}
+        # the pipeline's __call__ refuses a batch (its image list is one prompt's references) but makes several
+        # samples of one prompt and image (the evaluation's images_per_prompt)
+        same = all(p == prompts[0] for p in prompts) and all(
+            len(row) == len(images[0]) and all(np.array_equal(np.asarray(a), np.asarray(b))
+                                               for a, b in zip(row, images[0], strict=True)) for row in images)
+        if not same:
+            raise ModelLoadError(f"{type(self.pipeline).__name__} edits one prompt and input image per call; got "
+                                 f"{len(prompts)} different ones")
+        return {**inputs, "prompt": prompts[:1], "image": list(images[0]), "num_images_per_prompt": len(prompts)}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
