@@ -48,6 +48,7 @@ TINY = {
     "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),
     "tiny-wan": ("components.models.tiny_wan", "build_tiny_wan"),
     "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
+    "shapes-kontext": ("components.models.shapes_kontext", "load_shapes_kontext"),
 }
 
 

@@ -32,6 +32,18 @@ class GenEvalShapesArgs(Section):
                                      description="coloured regions under this fraction of the image are specks")
 
 
+class ShapesEditArgs(GenEvalShapesArgs):
+    mode: GenEvalMode = Field(default="partial", description="`partial`: the edited cell's multiset Jaccard times "
+                                                             "the other cells'; `strict`: 1 when the image holds "
+                                                             "exactly the target scene, cell by cell, else 0")
+
+
+class EditConsistencyArgs(Section):
+    margin: float = Field(default=0.0, ge=0, lt=0.5,
+                          description="widen metadata.edit_box by this fraction of the image side on every edge "
+                                      "before leaving it out (room for an edit that spills over its box)")
+
+
 class OcrArgs(Section):
     min_confidence: float = Field(default=0.5, ge=0, le=1,
                                   description="text boxes recognised with a lower confidence are ignored")
