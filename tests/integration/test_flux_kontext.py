@@ -6,21 +6,27 @@ input images are refused."""
 import copy
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from components.dataset.input_images import model_input, square
 from components.errors import ModelLoadError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models import flux_kontext
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.flux_kontext import FluxKontextModel
-from components.models.input_images import model_input, square
 from components.models.loading import load_model
 from components.models.tiny_flux import build_tiny_flux_kontext
+from pipeline.config import CONFIG_DIR, load_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 R = 32  # px: the tiny VAE downsamples by 4, so 4 x 4 = 16 packed tokens, and as many for the input image
 G = 2.5  # FLUX.1-Kontext-dev's embedded guidance (its model card, flow_grpo's counting_flux_kontext)
@@ -207,3 +213,28 @@ def test_rows_without_exactly_one_input_image_are_refused(count):
     with pytest.raises(ModelLoadError, match=rf"data\.path rows: FluxKontextPipeline takes 1 input image\(s\) per "
                                              rf"prompt, but the rows carry {count}; give every row `images` with 1"):
         model.check_input_images(count, "data.path rows")
+
+
+@pytest.mark.slow
+def test_tiny_flux_kontext_config_learns(tmp_path):
+    """The tiny families' criterion (test_model_families.py): last-3-epoch mean > first mean + first std / 2 in
+    half the config's epochs, with an input image in every row (PNG files beside a JSONL; the shipped config reads
+    the built-in shapes editing set)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, prompt in enumerate(["make the square red", "add a small blue circle", "remove the triangle",
+                                "make the background white", "turn the circle green", "add a yellow square",
+                                "make the triangle bigger", "remove the blue square"]):
+        Image.fromarray(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)).save(tmp_path / f"in{i}.png")
+        rows.append(json.dumps({"prompt": prompt, "images": [f"in{i}.png"]}))
+    (tmp_path / "edits.jsonl").write_text("\n".join(rows) + "\n")
+    config = CONFIG_DIR / "tiny-flux-kontext-cpu.yaml"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(config), "--output",
+                           str(tmp_path / "run"), f"train.epochs={load_config(config).train.epochs // 2}",
+                           f"data.path={tmp_path / 'edits.jsonl'}"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first, last3 = metrics[0], [r["reward/mean"] for r in metrics[-3:]]
+    assert sum(last3) / 3 > first["reward/mean"] + first["reward/std"] / 2, (first, last3)
+    assert "LEARNED" in proc.stdout
