@@ -41,7 +41,8 @@ class FluxKontextModel(FluxModel):
         return PromptEmbeddings({**text.tensors, "image_latents": self.encode_image(images[:, 0])})
 
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(B, 3, R, R) in [-1, 1] -> packed image tokens (B, (R / 16)^2, 4 x VAE channels) in the model dtype."""
+        """(B, 3, R, R) in [-1, 1] -> packed image tokens in the model dtype, as many as a latent's (B, tokens,
+        4 x VAE channels): the posterior's mode, shifted and scaled, packed as the pipeline packs its latents."""
         vae = self.pipeline.vae
         z = torch.cat([vae.encode(chunk.to(self.device, vae.dtype)).latent_dist.mode()
                        for chunk in pixels.split(ENCODE_IMAGES)])
