@@ -20,6 +20,11 @@ DEFAULT_PROMPTS = [
 ]
 
 
+# The prompt sets shipped in components/dataset/builtin/ and the row check each gets (prepare.py)
+BUILTIN_KINDS: dict[str, Literal["ocr", "generic"]] = {"ocr": "ocr", "aesthetic": "generic",
+                                                       "compositional": "generic", "shapes": "generic"}
+
+
 class DataConfig(Section):
     prompts: list[str] | None = Field(
         default_factory=lambda: list(DEFAULT_PROMPTS),

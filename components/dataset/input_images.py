@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from components import storage
+from components.dataset.prepared import PromptRow
 from components.errors import DataError
 from components.rewards.codec import ImageDecodeError, ImageTooLargeError, decode_image, image_bytes_b64
 
@@ -49,8 +50,9 @@ def resolve(ref: str, base: str | None) -> str:
     """A reference as given in a row of the file ``base`` (relative paths are relative to its folder)."""
     if ref.startswith(DATA_URL) or storage.is_uri(ref) or PurePosixPath(ref).is_absolute() or base is None:
         return ref
-    return storage.join(str(PurePosixPath(base).parent), ref) if storage.is_uri(base) else str(
-        PurePosixPath(base).parent / ref)
+    if storage.is_uri(base):  # a path's parent would fold the scheme's "//"
+        return storage.join(base.rsplit("/", 1)[0], ref)
+    return str(PurePosixPath(base).parent / ref)
 
 
 def _describe(ref: str) -> str:
@@ -101,6 +103,12 @@ def load_image(ref: str) -> np.ndarray:
     image = decode(read_bytes(ref), ref)
     image.flags.writeable = False
     return image
+
+
+def describe(row: PromptRow) -> str:
+    """A row as an error message names it."""
+    image = row.images[0] if row.images else ""
+    return f"the row {row.prompt!r}" + (f" (input image {_describe(image)})" if image else "")
 
 
 def load_row_images(images: Sequence[str], where: str) -> list[np.ndarray]:

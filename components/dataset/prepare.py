@@ -41,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NamedTuple
 
 from components import storage
-from components.dataset.config import PrepareConfig
+from components.dataset.config import BUILTIN_KINDS, PrepareConfig
 from components.dataset.input_images import InputImageError, load_image, pixels_name, png_bytes, resolve, size_problem
 from components.dataset.prepared import (
     MANIFEST_NAME,
@@ -62,8 +62,6 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["ocr", "generic"]
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
-BUILTIN_KINDS: dict[str, Kind] = {"ocr": "ocr", "aesthetic": "generic", "compositional": "generic",
-                                  "shapes": "generic"}
 BUILTIN_PREFIX = "builtin:"
 
 # Reason key -> what it means (in report order).

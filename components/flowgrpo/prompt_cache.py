@@ -15,19 +15,12 @@ from collections.abc import Callable
 
 import torch
 
-from components.dataset.input_images import load_row_images, model_input
+from components.dataset.input_images import describe, load_row_images, model_input
 from components.dataset.prepared import PromptRow
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 ENCODE_BATCH = 64  # prompts per encoder forward while filling the cache
 PROGRESS_EVERY_S = 10.0
-
-
-def describe(row: PromptRow) -> str:
-    """A row as an error message names it."""
-    image = row.images[0] if row.images else ""
-    where = "an inline image" if image.startswith("data:") else image
-    return f"the row {row.prompt!r}" + (f" (input image {where})" if image else "")
 
 
 class PromptEncoder:

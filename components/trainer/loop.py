@@ -16,13 +16,13 @@ from PIL import Image
 
 from components.algorithms.base import build_algorithm
 from components.console import status_line
-from components.dataset.input_images import first_inputs, load_row_images
+from components.dataset.input_images import describe, first_inputs, load_row_images
 from components.dataset.prompts import PromptRow, held_out_rows, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
 from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
 from components.flowgrpo.ema import LoRAEMA
 from components.flowgrpo.metrics import EpochEta, MetricsFile, learning_summary, progress_line
-from components.flowgrpo.prompt_cache import PromptEncoder, describe
+from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import ode_images, sample_rollout
 from components.flowgrpo.update import Optimization
 from components.models.base import FlowMatchingModel, PromptEmbeddings
