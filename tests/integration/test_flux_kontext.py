@@ -22,6 +22,7 @@ from components.flowgrpo.sde import euler_step
 from components.models import flux_kontext
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.flux_kontext import FluxKontextModel
+from components.models.generate import generate
 from components.models.loading import load_model
 from components.models.tiny_flux import build_tiny_flux_kontext
 from pipeline.config import CONFIG_DIR, load_config
@@ -178,17 +179,35 @@ def test_each_row_keeps_its_own_input_image_in_a_batch():
 
 
 def test_saved_lora_reloads_through_the_pipelines_load_lora_weights_and_reproduces_edits(tmp_path):
+    """The LoRA in FluxKontextPipeline's own format: reloaded with its load_lora_weights it edits as the trained
+    model does (the evaluation's generate), and so does the registered pyfunc given the input image."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from components.registry.pyfunc_model import INPUT_COLUMN, LoRAImageModel
+    from components.rewards.codec import decode_image_b64, encode_png_b64
+
     model, raw = _model(lora=True), _raw_images(2)
-    noise = torch.randn(2, *model.latent_shape(R), generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        trained = _pipeline_images(model, raw, noise)
+    kw = {"resolution": R, "num_steps": 4, "guidance_scale": G, "seed": 0,
+          "images": [[square(image, R)] for image in raw]}
+    trained = generate(model, PROMPTS, **kw)
     model.save_lora(tmp_path / "lora")
     fresh = _model()
-    base = _pipeline_images(fresh, raw, noise)
+    base = generate(fresh, PROMPTS, **kw)
     fresh.pipeline.load_lora_weights(str(tmp_path / "lora"))
     assert type(fresh.pipeline).__name__ == "FluxKontextPipeline"
-    np.testing.assert_allclose(_pipeline_images(fresh, raw, noise), trained, atol=1e-6)
-    assert np.abs(base - trained).max() > 1e-3
+    assert np.array_equal(generate(fresh, PROMPTS, **kw), trained)
+    assert not np.array_equal(base, trained)
+
+    (tmp_path / "model.json").write_text(json.dumps({"model": ModelConfig(kind="tiny-flux-kontext", resolution=R)
+                                                     .model_dump(mode="json"), "seed": 0}))
+    served = LoRAImageModel()
+    served.load_context(SimpleNamespace(artifacts={"lora": str(tmp_path / "lora"),
+                                                   "model": str(tmp_path / "model.json")}))
+    frame = served.predict(None, pd.DataFrame({"prompt": PROMPTS, INPUT_COLUMN: [encode_png_b64(i) for i in raw]}),
+                           params={"seed": 0, "num_inference_steps": 4, "guidance_scale": G})
+    assert np.array_equal(np.stack([decode_image_b64(b, 4096) for b in frame["image_png_b64"]]), trained)
 
 
 def test_diffusers_kind_detects_flux_kontext_from_model_index_and_loads_offline(tmp_path):
