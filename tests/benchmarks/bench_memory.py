@@ -2,8 +2,8 @@
 
     python tests/benchmarks/bench_memory.py
         [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr,flux2-klein-pickscore,
-                   zimage-pickscore,wan21-t2v-1.3b-pickscore]
-        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b]
+                   zimage-pickscore,wan21-t2v-1.3b-pickscore,flux1-kontext-edit]
+        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b,flux1-kontext]
         [--all-settings]
         [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
@@ -54,7 +54,8 @@ from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 TARGET_GIB = 72.0
 RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
            "qwenimage-ocr": "qwen-image", "flux2-klein-pickscore": "flux2-klein",
-           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b"}
+           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b",
+           "flux1-kontext-edit": "flux1-kontext"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
@@ -234,6 +235,20 @@ def _epoch_overrides(config: ExperimentConfig, *, cpu: bool, ckpt: bool, offload
     return overrides
 
 
+def _input_image_data(directory: Path, config: ExperimentConfig) -> list[str]:
+    """Overrides giving each of the run's prompts an input image (an editing family refuses rows without one): a
+    JSONL beside a random PNG of the model's resolution."""
+    import numpy as np
+    from PIL import Image
+
+    side = config.model.resolution
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)).save(
+        directory / "input.png")
+    rows = [json.dumps({"prompt": prompt, "images": ["input.png"]}) for prompt in config.data.prompts]
+    (directory / "edits.jsonl").write_text("\n".join(rows) + "\n")
+    return ["data.prompts=null", f"data.path={directory / 'edits.jsonl'}"]
+
+
 def real_shape_pipeline(family: str, config: ExperimentConfig, *, cpu: bool) -> Any:
     """What the trainer gets instead of reading `model.path`: the real-shape pipeline, built in host memory."""
     import real_shapes
@@ -251,20 +266,25 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     (``<phase>_above_start_mib`` on a CPU, ``<phase>_peak_gib`` on a GPU; phases: see ``loop.PhaseScope``)."""
     import tempfile
 
+    import memory_estimate
+
     from components.trainer.loop import Trainer
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
-    config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))
+    overrides = _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload)
+    config = load_config(recipe, overrides)
     probe = RssProbe() if cpu else CudaProbe()
     figures: dict[str, float] = {}
     pipeline = real_shape_pipeline(family, config, cpu=cpu)
     with tempfile.TemporaryDirectory() as tmp:
+        if memory_estimate.adapter_class(pipeline).input_images:
+            config = load_config(recipe, overrides + _input_image_data(Path(tmp), config))
         with probe.phase(figures, "start"):  # encode (offload), place the model
             trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline,
                               phase_scope=lambda phase: probe.phase(figures, phase))
         trainer.run_epoch()
     # the text lengths the run used, for the estimate of the same shape
-    figures["text_tokens"] = trainer.prompts(config.data.prompts[:1]).tensors["prompt_embeds"].shape[1]
+    figures["text_tokens"] = trainer.prompts(trainer.rows[:1]).tensors["prompt_embeds"].shape[1]
     figures["negative_tokens"] = trainer.model.negative_embeddings().tensors["prompt_embeds"].shape[1]
     return figures
 

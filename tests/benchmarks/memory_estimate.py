@@ -47,6 +47,7 @@ from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.flowgrpo.sde import sde_step_with_logprob
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import LoRAConfig
+from components.models.flux_kontext import FluxKontextModel
 from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
 from components.models.wan import WanModel
@@ -75,6 +76,7 @@ FAMILIES: dict[str, Family] = {
     "flux2-klein": Family(512, 512),  # every prompt, the empty negative too, padded to the Qwen3 length
     "z-image": Family(100, 8),  # the prompt's own length; the empty negative is the chat template's 8 tokens
     "wan21-1.3b": Family(226, 226),  # every prompt, the empty negative too, padded to the UMT5 length
+    "flux1-kontext": Family(128, 0),  # FLUX.1-dev's; the input image's tokens are in the embedding (fake_rollout)
 }
 
 
@@ -226,9 +228,14 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
 def fake_rollout(model: FlowMatchingModel, mode: FakeTensorMode, prompts: int, batch: int, resolution: int,
                  text_tokens: int) -> Rollout:
     """A rollout of ``batch`` samples with one stored step, one prompt each; the latents, log-probs and
-    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers)."""
+    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers). FLUX.1-Kontext's
+    embeddings hold its input image's packed latents, as many tokens as the output's (the input is squared to the
+    model's resolution)."""
+    embeds = fake_embeds(model, mode, prompts, text_tokens)
+    if isinstance(model, FluxKontextModel):
+        embeds.tensors["image_latents"] = _empty(mode, (prompts, *model.latent_shape(resolution)), model.dtype)
     return Rollout(
-        prompts=[""] * prompts, embeds=fake_embeds(model, mode, prompts, text_tokens),
+        prompts=[""] * prompts, embeds=embeds,
         prompt_index=torch.arange(batch), sigmas=torch.tensor([SIGMA]), sigmas_next=torch.tensor([SIGMA_NEXT]),
         trajectory=_empty(mode, (batch, 2, *model.latent_shape(resolution))), log_probs=_empty(mode, (batch, 1)),
         images=np.zeros((batch, 0, 0, 3), dtype=np.uint8),

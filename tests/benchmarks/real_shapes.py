@@ -1,5 +1,5 @@
-"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B,
-Z-Image and Wan2.1 T2V 1.3B, random weights.
+"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev (and FLUX.1-Kontext-dev, the same
+model editing an input image), Qwen-Image, FLUX.2 klein 4B, Z-Image and Wan2.1 T2V 1.3B, random weights.
 
 Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
@@ -28,6 +28,7 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     Flux2KleinPipeline,
     Flux2Transformer2DModel,
+    FluxKontextPipeline,
     FluxPipeline,
     FluxTransformer2DModel,
     QwenImagePipeline,
@@ -59,7 +60,8 @@ from components.models.tiny_flux2 import klein_tokenizer
 from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 from components.models.tiny_zimage import zimage_tokenizer
 
-FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b")
+FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b",
+            "flux1-kontext")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -185,7 +187,8 @@ def describe() -> str:
     """What is real and what is reduced in these builders, for benchmark output."""
     return (
         "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
-        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V 1.3B); text encoders "
+        "(SD3.5 Medium and Large, FLUX.1-dev and Kontext-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V "
+        "1.3B); text encoders "
         f"at real width but reduced depth (text_layers; klein's Qwen3 at least {KLEIN_TEXT_LAYERS}) and "
         f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
         f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
@@ -279,6 +282,7 @@ def _flux_blocks(total: int | None, real: dict = FLUX1_DEV_TRANSFORMER) -> tuple
 
 
 SD35_TRANSFORMERS = {"sd35-medium": SD35_MEDIUM_TRANSFORMER, "sd35-large": SD35_LARGE_TRANSFORMER}
+FLUX1_FAMILIES = ("flux1-dev", "flux1-kontext")  # one transformer shape
 
 
 def transformer_config(family: str, transformer_layers: int | None = None) -> dict:
@@ -292,7 +296,7 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
         n = _depth(real["num_layers"], transformer_layers)
         dual = tuple(i for i in real["dual_attention_layers"] if i < n)
         return {**real, "num_layers": n, "dual_attention_layers": dual}
-    if family == "flux1-dev":
+    if family in FLUX1_FAMILIES:
         double, single = _flux_blocks(transformer_layers)
         return {**FLUX1_DEV_TRANSFORMER, "num_layers": double, "num_single_layers": single}
     if family == "qwen-image":
@@ -310,7 +314,7 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
 
 
 _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
-                        "flux1-dev": FluxTransformer2DModel,
+                        "flux1-dev": FluxTransformer2DModel, "flux1-kontext": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
                         "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel}
 
@@ -365,10 +369,13 @@ def sd35(family: str, device: torch.device | str = "cpu", dtype: torch.dtype = t
 
 
 def flux1_dev(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
-              transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0) -> FluxPipeline:
+              transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0,
+              pipeline_class: type = FluxPipeline) -> FluxPipeline:
     """A ``FluxPipeline`` shaped like FLUX.1-dev (19 double + 38 single blocks, guidance embedding, CLIP-L, T5-XXL).
 
     ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
+    ``pipeline_class``: ``FluxKontextPipeline`` for FLUX.1-Kontext-dev, whose transformer, VAE and text encoders
+    have FLUX.1-dev's shapes (BFL's flux ``util.py``: the ``flux-dev-kontext`` spec's params are ``flux-dev``'s).
     """
     device = _device(device)
     transformer = build_transformer("flux1-dev", device, dtype, transformer_layers, seed)
@@ -377,7 +384,7 @@ def flux1_dev(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfl
         clip = _finish(clip_text_encoder(text_layers, projection=False), device, dtype)
     with _building(device, seed + 3):
         t5 = _finish(t5_text_encoder(text_layers), device, dtype)
-    return FluxPipeline(
+    return pipeline_class(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_DEV_SCHEDULER), vae=vae,
         text_encoder=clip, tokenizer=tok.clip_tokenizer(),
         text_encoder_2=t5, tokenizer_2=tok.t5_tokenizer(max_sequence_length),
@@ -473,7 +480,8 @@ BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35
                                               "sd35-large": partial(sd35, "sd35-large"),
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image,
                                               "flux2-klein": flux2_klein, "z-image": z_image,
-                                              "wan21-1.3b": wan21_1_3b}
+                                              "wan21-1.3b": wan21_1_3b,
+                                              "flux1-kontext": partial(flux1_dev, pipeline_class=FluxKontextPipeline)}
 
 
 # --- real sizes, from meta builds ---
@@ -571,7 +579,7 @@ def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[st
     """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
     real width and vocabulary."""
     counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
-              "flux1-dev": flux1_dev_text_encoders,
+              "flux1-dev": flux1_dev_text_encoders, "flux1-kontext": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
               "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders}
     if family not in counts:
