@@ -13,7 +13,7 @@ negative pass does:
 Guidance is plain CFG: the negative pass has the negative text with the same image embeds and condition latents.
 
 Deviation: the 480P pipeline makes 832 x 480 videos; models here make square frames of ``model.resolution`` and
-the input image is cropped to its centre square first (``components/models/input_images.py``).
+the input image is cropped to its centre square first (``components/dataset/input_images.py``).
 """
 
 from __future__ import annotations
