@@ -57,6 +57,7 @@ RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "fl
            "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b",
            "wan21-i2v-14b-480p": "wan21-i2v-14b"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
+INPUT_IMAGE_FAMILIES = ("wan21-i2v-14b",)  # their rows carry an input image (the video's first frame)
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
 H100_SD35_PEAK_GIB = 49.9
@@ -255,19 +256,36 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     from components.trainer.loop import Trainer
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
-    config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))
     probe = RssProbe() if cpu else CudaProbe()
     figures: dict[str, float] = {}
-    pipeline = real_shape_pipeline(family, config, cpu=cpu)
     with tempfile.TemporaryDirectory() as tmp:
+        overrides = _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload)
+        if family in INPUT_IMAGE_FAMILIES:
+            overrides += ["data.prompts=null", f"data.path={_rows_with_images(Path(tmp))}"]
+        config = load_config(recipe, overrides)
+        pipeline = real_shape_pipeline(family, config, cpu=cpu)
         with probe.phase(figures, "start"):  # encode (offload), place the model
             trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline,
                               phase_scope=lambda phase: probe.phase(figures, phase))
         trainer.run_epoch()
-    # the text lengths the run used, for the estimate of the same shape
-    figures["text_tokens"] = trainer.prompts(config.data.prompts[:1]).tensors["prompt_embeds"].shape[1]
+        # the text lengths the run used, for the estimate of the same shape (its rows' images are in ``tmp``)
+        figures["text_tokens"] = trainer.prompts(trainer.rows[:1]).tensors["prompt_embeds"].shape[1]
     figures["negative_tokens"] = trainer.model.negative_embeddings().tensors["prompt_embeds"].shape[1]
     return figures
+
+
+def _rows_with_images(folder: Path) -> Path:
+    """The epoch's two prompts as JSONL rows, each with a 512 px input image (random pixels) beside it."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for i, prompt in enumerate(["a red apple on a wooden table", "a lighthouse on a cliff at dusk"]):
+        Image.fromarray(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)).save(folder / f"input-{i}.png")
+        lines.append(json.dumps({"prompt": prompt, "images": f"input-{i}.png"}))
+    (folder / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    return folder / "rows.jsonl"
 
 
 # glibc keeps freed heap memory (RSS then shows the high-water mark of the whole process); with allocations
