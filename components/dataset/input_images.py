@@ -50,8 +50,9 @@ def resolve(ref: str, base: str | None) -> str:
     """A reference as given in a row of the file ``base`` (relative paths are relative to its folder)."""
     if ref.startswith(DATA_URL) or storage.is_uri(ref) or PurePosixPath(ref).is_absolute() or base is None:
         return ref
-    return storage.join(str(PurePosixPath(base).parent), ref) if storage.is_uri(base) else str(
-        PurePosixPath(base).parent / ref)
+    if storage.is_uri(base):  # a path's parent would fold the scheme's "//"
+        return storage.join(base.rsplit("/", 1)[0], ref)
+    return str(PurePosixPath(base).parent / ref)
 
 
 def _describe(ref: str) -> str:

@@ -55,10 +55,14 @@ class LoRAImageModel(mlflow.pyfunc.PythonModel):
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         prompts = [str(x) for x in model_input["prompt"]]
+        column = list(model_input[INPUT_COLUMN]) if INPUT_COLUMN in model_input else []
         inputs = None
-        if INPUT_COLUMN in model_input and model_input[INPUT_COLUMN].notna().any():
-            inputs = [[square(decode_image_b64(str(x), MAX_PIXELS), self.config.resolution)]
-                      for x in model_input[INPUT_COLUMN]]
+        if any(isinstance(x, str) for x in column):
+            missing = [i for i, x in enumerate(column) if not isinstance(x, str)]
+            if missing:
+                raise ValueError(f"{INPUT_COLUMN} is missing on row {missing[0]}: an editing model takes an input "
+                                 "image with every prompt")
+            inputs = [[square(decode_image_b64(x, MAX_PIXELS), self.config.resolution)] for x in column]
         images = generate(self.model, prompts, resolution=self.config.resolution,
                           num_steps=int(p["num_inference_steps"]), guidance_scale=float(p["guidance_scale"]),
                           seed=int(p["seed"]), images=inputs)
