@@ -277,7 +277,7 @@ def test_tiny_wan_i2v_config_learns_from_rows_with_input_images(tmp_path):
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config",
                            str(CONFIG_DIR / "tiny-wan-i2v-cpu.yaml"), "--output", str(tmp_path / "run"),
-                           "train.epochs=14", f"data.path={tmp_path / 'rows.jsonl'}"],
+                           "train.epochs=14", "data.prompts=null", f"data.path={tmp_path / 'rows.jsonl'}"],
                           capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
