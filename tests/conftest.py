@@ -30,6 +30,7 @@ SLOWEST_FIRST = [
     RAY_SCOPE, "tests/integration/test_local_run.py", "tests/integration/test_cli.py",
     "tests/integration/test_sharding.py", "tests/integration/test_model_families.py",
     "tests/integration/test_video_family.py",
+    "tests/integration/test_wan_i2v.py",
     "tests/vllm/test_vlm_judge_real.py", "tests/integration/test_compile.py", "tests/integration/test_training.py",
     "tests/integration/test_evaluate.py", "tests/integration/test_training_rewards.py",
     "tests/integration/test_reward_server_outage.py", "tests/integration/test_tracking.py",

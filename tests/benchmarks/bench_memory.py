@@ -2,8 +2,9 @@
 
     python tests/benchmarks/bench_memory.py
         [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr,flux2-klein-pickscore,
-                   zimage-pickscore,wan21-t2v-1.3b-pickscore,flux1-kontext-edit]
-        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b,flux1-kontext]
+                   zimage-pickscore,wan21-t2v-1.3b-pickscore,flux1-kontext-edit,wan21-i2v-14b-480p]
+        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b,flux1-kontext,
+                        wan21-i2v-14b]
         [--all-settings]
         [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
@@ -55,7 +56,7 @@ TARGET_GIB = 72.0
 RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
            "qwenimage-ocr": "qwen-image", "flux2-klein-pickscore": "flux2-klein",
            "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b",
-           "flux1-kontext-edit": "flux1-kontext"}
+           "flux1-kontext-edit": "flux1-kontext", "wan21-i2v-14b-480p": "wan21-i2v-14b"}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
@@ -87,7 +88,7 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
         from components.models.flux2 import Flux2KleinModel
 
         return config.model.max_sequence_length or Flux2KleinModel.default_max_sequence_length
-    if family == "wan21-1.3b":
+    if family in ("wan21-1.3b", "wan21-i2v-14b"):
         from components.models.wan import WanModel
 
         return config.model.max_sequence_length or WanModel.default_max_sequence_length
@@ -283,8 +284,8 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
             trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline,
                               phase_scope=lambda phase: probe.phase(figures, phase))
         trainer.run_epoch()
-    # the text lengths the run used, for the estimate of the same shape
-    figures["text_tokens"] = trainer.prompts(trainer.rows[:1]).tensors["prompt_embeds"].shape[1]
+        # the text lengths the run used, for the estimate of the same shape (its rows' images are in ``tmp``)
+        figures["text_tokens"] = trainer.prompts(trainer.rows[:1]).tensors["prompt_embeds"].shape[1]
     figures["negative_tokens"] = trainer.model.negative_embeddings().tensors["prompt_embeds"].shape[1]
     return figures
 

@@ -51,6 +51,7 @@ from components.models.flux_kontext import FluxKontextModel
 from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
 from components.models.wan import WanModel
+from components.models.wan_i2v import WanImageToVideoModel
 from components.models.zimage import ZImageModel
 
 GIB = 2**30
@@ -76,7 +77,8 @@ FAMILIES: dict[str, Family] = {
     "flux2-klein": Family(512, 512),  # every prompt, the empty negative too, padded to the Qwen3 length
     "z-image": Family(100, 8),  # the prompt's own length; the empty negative is the chat template's 8 tokens
     "wan21-1.3b": Family(226, 226),  # every prompt, the empty negative too, padded to the UMT5 length
-    "flux1-kontext": Family(128, 0),  # FLUX.1-dev's; the input image's tokens are in the embedding (fake_rollout)
+    "flux1-kontext": Family(128, 0),  # FLUX.1-dev's; the input image's tokens are in the embedding (fake_embeds)
+    "wan21-i2v-14b": Family(226, 226),
 }
 
 
@@ -202,10 +204,13 @@ def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype
     return model
 
 
-def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int) -> PromptEmbeddings:
+def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int, resolution: int = 512,
+                images: bool = True) -> PromptEmbeddings:
     """Embeddings as the adapter's ``encode_prompts`` returns them: the text states in the model's dtype, with
     the pooled CLIP projection (SD3, FLUX.1), the text mask (Qwen-Image, Z-Image) or nothing else (FLUX.2 klein,
-    Wan).
+    Wan); an editing or image-to-video family's image conditioning at ``resolution`` too (FLUX.1-Kontext's input
+    latents, Wan I2V's CLIP tokens and first frame), unless ``images`` is false (the negative text, which the CFG
+    negative rows complete with each row's).
 
     The mask is real and all ones: nothing padded, so ``_forward`` takes the unmasked path, as for one prompt.
     """
@@ -214,7 +219,15 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
         return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.cap_feat_dim), model.dtype),
                                  "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
     if isinstance(model, WanModel):  # UMT5 states of text_dim, padded with zeros, no mask
-        return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)})
+        text = {"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)}
+        if isinstance(model, WanImageToVideoModel) and images:  # the CLIP image tokens, the mask + first-frame latents
+            clip = model.pipeline.image_encoder.config
+            side = clip.image_size // clip.patch_size
+            _, frames, h, w = model.latent_shape(resolution)
+            text["image_embeds"] = _empty(mode, (rows, side * side + 1, clip.hidden_size), model.dtype)
+            text["condition"] = _empty(mode, (rows, config.in_channels - config.out_channels, frames, h, w),
+                                       model.dtype)
+        return PromptEmbeddings(text)
     text = _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)
     if isinstance(model, QwenImageModel):
         return PromptEmbeddings({"prompt_embeds": text,
@@ -222,20 +235,18 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
     if "pooled_projection_dim" not in config:  # FLUX.2 klein: the text states alone
         return PromptEmbeddings({"prompt_embeds": text})
     pooled = _empty(mode, (rows, config.pooled_projection_dim), model.dtype)
-    return PromptEmbeddings({"prompt_embeds": text, "pooled_projections": pooled})
+    out = {"prompt_embeds": text, "pooled_projections": pooled}
+    if isinstance(model, FluxKontextModel) and images:  # the input's packed latents: the output's token count
+        out["image_latents"] = _empty(mode, (rows, *model.latent_shape(resolution)), model.dtype)
+    return PromptEmbeddings(out)
 
 
 def fake_rollout(model: FlowMatchingModel, mode: FakeTensorMode, prompts: int, batch: int, resolution: int,
                  text_tokens: int) -> Rollout:
     """A rollout of ``batch`` samples with one stored step, one prompt each; the latents, log-probs and
-    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers). FLUX.1-Kontext's
-    embeddings hold its input image's packed latents, as many tokens as the output's (the input is squared to the
-    model's resolution)."""
-    embeds = fake_embeds(model, mode, prompts, text_tokens)
-    if isinstance(model, FluxKontextModel):
-        embeds.tensors["image_latents"] = _empty(mode, (prompts, *model.latent_shape(resolution)), model.dtype)
+    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers)."""
     return Rollout(
-        prompts=[""] * prompts, embeds=embeds,
+        prompts=[""] * prompts, embeds=fake_embeds(model, mode, prompts, text_tokens, resolution),
         prompt_index=torch.arange(batch), sigmas=torch.tensor([SIGMA]), sigmas_next=torch.tensor([SIGMA_NEXT]),
         trajectory=_empty(mode, (batch, 2, *model.latent_shape(resolution))), log_probs=_empty(mode, (batch, 1)),
         images=np.zeros((batch, 0, 0, 3), dtype=np.uint8),
@@ -353,7 +364,8 @@ def _activations(model: FlowMatchingModel, mode: FakeTensorMode, work: Workload)
     """Activation peaks (bytes above the resident tensors) of sampling, decoding and training, and the rows of
     their transformer forwards."""
     result: dict[str, int] = {}
-    model._negative = fake_embeds(model, mode, 1, work.negative_tokens)  # what negative_embeddings() caches
+    # what negative_embeddings() caches
+    model._negative = fake_embeds(model, mode, 1, work.negative_tokens, images=False)
     rollout = fake_rollout(model, mode, max(work.sample_batch, work.train_batch), work.train_batch,
                            work.resolution, work.text_tokens)
     settings = work.sampler()

@@ -1,5 +1,6 @@
 """Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev (and FLUX.1-Kontext-dev, the same
-model editing an input image), Qwen-Image, FLUX.2 klein 4B, Z-Image and Wan2.1 T2V 1.3B, random weights.
+model editing an input image), Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V 1.3B and Wan2.1 I2V 14B 480P, random
+weights.
 
 Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
@@ -35,15 +36,19 @@ from diffusers import (
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
+    WanImageToVideoPipeline,
     WanPipeline,
     WanTransformer3DModel,
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
 from transformers import (
+    CLIPImageProcessorPil,
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTextModelWithProjection,
+    CLIPVisionConfig,
+    CLIPVisionModel,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen3Config,
@@ -61,7 +66,7 @@ from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 from components.models.tiny_zimage import zimage_tokenizer
 
 FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b",
-            "flux1-kontext")
+            "flux1-kontext", "wan21-i2v-14b")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -178,6 +183,19 @@ WAN21_1_3B_TRANSFORMER = dict(
 UMT5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
                 relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6)
 WAN_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+# Wan-AI/Wan2.1-I2V-14B-480P-Diffusers transformer/config.json (the Wan team's i2v_14B config: dim 5120 = 40 heads x
+# 128, FFN 13824, 40 blocks; 36 input channels = 16 noisy + 4 mask + 16 first-frame latents; image cross-attention
+# keys / values from the 1280-wide CLIP states projected to 5120). Its VAE, text encoder and scheduler are the 1.3B's.
+WAN21_I2V_14B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=36, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    eps=1e-6, image_dim=1280, added_kv_proj_dim=5120, rope_max_seq_len=1024,
+)
+# Its image_encoder/config.json: the ViT-H/14 vision tower of open-clip-xlm-roberta-large-vit-huge-14 as
+# CLIPVisionModel (224 px, 257 tokens of 1280; the pipeline reads the penultimate layer's states); its image_processor
+# CLIPImageProcessor's defaults (224 px, bicubic, OpenAI mean / std)
+CLIP_VIT_H_14 = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+                     image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu", layer_norm_eps=1e-5)
 
 REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064, "qwen3": 151936, "umt5": 256384}
 QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as tiny_qwenimage), plus the special tokens
@@ -188,7 +206,7 @@ def describe() -> str:
     return (
         "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
         "(SD3.5 Medium and Large, FLUX.1-dev and Kontext-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V "
-        "1.3B); text encoders "
+        "1.3B, Wan2.1 I2V 14B); text encoders (and Wan I2V's image encoder) "
         f"at real width but reduced depth (text_layers; klein's Qwen3 at least {KLEIN_TEXT_LAYERS}) and "
         f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
         f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
@@ -308,6 +326,9 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
     if family == "wan21-1.3b":
         return {**WAN21_1_3B_TRANSFORMER, "num_layers": _depth(WAN21_1_3B_TRANSFORMER["num_layers"],
                                                                transformer_layers)}
+    if family == "wan21-i2v-14b":
+        return {**WAN21_I2V_14B_TRANSFORMER, "num_layers": _depth(WAN21_I2V_14B_TRANSFORMER["num_layers"],
+                                                                  transformer_layers)}
     if family == "z-image":  # the refiners stay: every forward runs them
         return {**ZIMAGE_TRANSFORMER, "n_layers": _depth(ZIMAGE_TRANSFORMER["n_layers"], transformer_layers)}
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
@@ -316,7 +337,8 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
 _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
                         "flux1-dev": FluxTransformer2DModel, "flux1-kontext": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
-                        "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel}
+                        "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel,
+                        "wan21-i2v-14b": WanTransformer3DModel}
 
 
 def build_transformer(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
@@ -337,7 +359,7 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
         elif family == "flux2-klein":
             vae = AutoencoderKLFlux2()
-        elif family == "wan21-1.3b":
+        elif family in ("wan21-1.3b", "wan21-i2v-14b"):
             vae = AutoencoderKLWan()
         else:
             vae = AutoencoderKL(**(SD3_VAE if family in SD35_TRANSFORMERS else FLUX1_VAE))
@@ -476,11 +498,37 @@ def wan21_1_3b(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
                        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(**WAN_SCHEDULER))
 
 
+def clip_image_encoder(layers: int | None) -> CLIPVisionModel:
+    """Wan2.1-I2V's ViT-H/14 image encoder at real width; ``layers`` deep, at least 2 (the pipeline reads the
+    penultimate layer's states; None = real depth)."""
+    depth = _depth(CLIP_VIT_H_14["num_hidden_layers"], None if layers is None else max(layers, 2))
+    return CLIPVisionModel(CLIPVisionConfig(**{**CLIP_VIT_H_14, "num_hidden_layers": depth}))
+
+
+def wan21_i2v_14b(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+                  transformer_layers: int | None = None, max_sequence_length: int = 512,
+                  seed: int = 0) -> WanImageToVideoPipeline:
+    """A ``WanImageToVideoPipeline`` shaped like Wan2.1 I2V 14B 480P (the 14B video DiT with image cross-attention,
+    the causal 3D VAE, UMT5-XXL, the ViT-H/14 image encoder, ``text_layers`` deep too); the tokenizer is the tiny
+    character-level T5."""
+    device = _device(device)
+    transformer = build_transformer("wan21-i2v-14b", device, dtype, transformer_layers, seed)
+    vae = build_vae("wan21-i2v-14b", device, dtype, seed + 1)
+    with _building(device, seed + 2):
+        text_encoder = _finish(umt5_text_encoder(text_layers), device, dtype)
+    with _building(device, seed + 3):
+        image_encoder = _finish(clip_image_encoder(text_layers), device, dtype)
+    return WanImageToVideoPipeline(
+        tokenizer=tok.t5_tokenizer(max_sequence_length), text_encoder=text_encoder, transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(**WAN_SCHEDULER), image_encoder=image_encoder,
+        image_processor=CLIPImageProcessorPil())
+
+
 BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35-medium"),
                                               "sd35-large": partial(sd35, "sd35-large"),
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image,
                                               "flux2-klein": flux2_klein, "z-image": z_image,
-                                              "wan21-1.3b": wan21_1_3b,
+                                              "wan21-1.3b": wan21_1_3b, "wan21-i2v-14b": wan21_i2v_14b,
                                               "flux1-kontext": partial(flux1_dev, pipeline_class=FluxKontextPipeline)}
 
 
@@ -575,13 +623,21 @@ def wan21_text_encoders(layers: int | None = None) -> dict[str, int]:
     return {"text_encoder": _count(_meta(lambda: umt5_text_encoder(layers, REAL_VOCAB["umt5"])))}
 
 
+@cache
+def wan21_i2v_encoders(layers: int | None = None) -> dict[str, int]:
+    """Wan2.1 I2V's encoders that run once per prompt and are offloaded with the text encoder: UMT5-XXL and the
+    ViT-H/14 image encoder, real size or ``layers`` deep."""
+    return {**wan21_text_encoders(layers), "image_encoder": _count(_meta(lambda: clip_image_encoder(layers)))}
+
+
 def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[str, int]:
     """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
     real width and vocabulary."""
     counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
               "flux1-dev": flux1_dev_text_encoders, "flux1-kontext": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
-              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders}
+              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders,
+              "wan21-i2v-14b": wan21_i2v_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return counts[family](layers)
