@@ -97,10 +97,10 @@ class Flux2KleinModel(FlowMatchingModel):
         text = {"prompt_embeds": embeds.to(self.dtype)}
         if images is None or images.shape[1] == 0:  # the text alone: what negative_embeddings keeps
             return PromptEmbeddings(text)
-        return PromptEmbeddings({**text, **self.encode_references(images)})
+        return PromptEmbeddings({**text, **self.encode_input_images(images)})
 
     @torch.no_grad()
-    def encode_references(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """(B, N, 3, R, R) in [-1, 1] -> ``image_latents`` (B, N x (R / 16)^2, 4 x VAE channels) in the model
         dtype and their position ids ``image_ids`` (B, N x (R / 16)^2, 4), by the pipeline's own encoding."""
         vae = self.pipeline.vae
