@@ -12,7 +12,7 @@ from pathlib import Path
 
 from components import environ
 from components.console import quiet_libraries, status_line
-from components.dataset.config import PrepareConfig
+from components.dataset.config import BUILTIN_KINDS, PrepareConfig
 from components.deploy_defaults import STORAGE_ROOT
 from components.errors import ConfigError, exit_status
 from components.launch.kubernetes.podspec import PIPELINE_SERVICE_ACCOUNT
@@ -174,8 +174,7 @@ def cmd_rayjob(args: argparse.Namespace) -> int:
 def _prepare_dataset_args(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", metavar="PATH_OR_S3_URI", help="a .jsonl, .csv or .parquet file")
-    source.add_argument("--builtin", choices=["ocr", "aesthetic", "compositional", "shapes"],
-                        help="a prompt set shipped with flowgrpo")
+    source.add_argument("--builtin", choices=sorted(BUILTIN_KINDS), help="a prompt set shipped with flowgrpo")
     p.add_argument("--output", required=True, metavar="DIR_OR_S3_URI", help="folder or s3:// prefix to write")
     p.add_argument("--kind", choices=["ocr", "generic"], default=None,
                    help="ocr: also reject rows with no quoted text and no ground_truth (default: ocr for "
@@ -187,6 +186,9 @@ def _prepare_dataset_args(p: argparse.ArgumentParser) -> None:
                    help="seed of the train/test split (default %(default)s)")
     p.add_argument("--max-prompt-tokens", type=int, default=PrepareConfig.default_of("max_prompt_tokens"),
                    help="reject prompts estimated longer than this many T5 tokens (default %(default)s)")
+    p.add_argument("--resolution", type=int, default=None, metavar="PX",
+                   help="the model's resolution: also reject rows whose input images it cannot take (more than "
+                        "2:1, or a side under a quarter of it); the pipeline passes model.resolution")
 
 
 @command("prepare-dataset", "validate, split and write a prompt dataset", _prepare_dataset_args)
@@ -198,7 +200,7 @@ def cmd_prepare_dataset(args: argparse.Namespace) -> int:
 
     source = f"{BUILTIN_PREFIX}{args.builtin}" if args.builtin else args.input
     result = prepare_dataset(source, args.output, kind=args.kind, test_fraction=args.test_fraction, seed=args.seed,
-                             max_prompt_tokens=args.max_prompt_tokens,
+                             max_prompt_tokens=args.max_prompt_tokens, resolution=args.resolution,
                              progress=status_line)
     rows = result.manifest["rows"]
     print(f"{source}: kept {rows['kept']} of {rows['input']} rows ({rows['train']} train, {rows['test']} test)")

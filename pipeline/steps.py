@@ -56,7 +56,9 @@ def _source_bytes(config: ExperimentConfig, scratch: Path) -> tuple[str, bytes]:
     source = config.dataset.source
     if source is None:
         rows = load_prompt_rows(config.data)
-        text = "".join(json.dumps({"prompt": r.prompt, **r.metadata}, ensure_ascii=False) + "\n" for r in rows)
+        text = "".join(json.dumps({"prompt": r.prompt, **r.metadata, **({"images": list(r.images)} if r.images
+                                                                           else {})}, ensure_ascii=False) + "\n"
+                       for r in rows)
         path = scratch / "prompts.jsonl"
         path.write_text(text, encoding="utf-8")
         return str(path), text.encode()
@@ -84,14 +86,15 @@ def prepare(config: ExperimentConfig, storage_root: str, log: Log = status_line)
     with tempfile.TemporaryDirectory(prefix="flowgrpo-dataset-") as tmp:
         source, content = _source_bytes(config, Path(tmp))
         options = {"kind": opts.kind, "test_fraction": opts.test_fraction, "seed": opts.seed,
-                   "max_prompt_tokens": opts.max_prompt_tokens}
+                   "max_prompt_tokens": opts.max_prompt_tokens, "resolution": config.model.resolution}
         key = hashlib.sha256(hashlib.sha256(content).digest() + json.dumps(options, sort_keys=True).encode())
         uri = storage.join(storage_root, "datasets", key.hexdigest()[:16])
         if storage.exists(storage.join(uri, "manifest.json")):
             log(f"dataset: reusing {uri} (same prompts and options as an earlier run)")
             return PreparedRef(uri, read_manifest(uri), True)
         result = prepare_dataset(source, uri, kind=opts.kind, test_fraction=opts.test_fraction, seed=opts.seed,
-                                 max_prompt_tokens=opts.max_prompt_tokens, progress=log)
+                                 max_prompt_tokens=opts.max_prompt_tokens, resolution=config.model.resolution,
+                                 progress=log)
     rows = result.manifest["rows"]
     log(f"dataset: {uri}: {rows['train']} train / {rows['test']} test rows, {rows['rejected']} rejected")
     return PreparedRef(uri, result.manifest, False)

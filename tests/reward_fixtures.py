@@ -95,3 +95,14 @@ class Sleep(BatchedReward):
     def score_batch(self, images, prompts, metadata) -> np.ndarray:
         time.sleep(self.seconds)
         return np.zeros(len(images))
+
+
+class InputMean(PointwiseReward):
+    """Scores an edit by its sample's input images: the first one's mean pixel plus 1000 per further image (a test
+    reads which inputs reached which sample)."""
+
+    name = "input_mean"
+    inputs = True
+
+    def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any], inputs: list[np.ndarray]) -> float:
+        return float(inputs[0].astype(np.float64).mean()) + 1000 * (len(inputs) - 1)

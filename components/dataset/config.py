@@ -20,6 +20,11 @@ DEFAULT_PROMPTS = [
 ]
 
 
+# The prompt sets shipped in components/dataset/builtin/ and the row check each gets (prepare.py)
+BUILTIN_KINDS: dict[str, Literal["ocr", "generic"]] = {"ocr": "ocr", "aesthetic": "generic",
+                                                       "compositional": "generic", "shapes": "generic"}
+
+
 class DataConfig(Section):
     prompts: list[str] | None = Field(
         default_factory=lambda: list(DEFAULT_PROMPTS),
@@ -28,8 +33,9 @@ class DataConfig(Section):
     path: str | None = Field(
         default=None,
         description="a .txt (one prompt per line) or .jsonl (a `prompt` field per line, other fields are "
-                    "metadata) file, or a folder written by `flowgrpo prepare-dataset` (it holds manifest.json); "
-                    "a local path or an s3:// URI",
+                    "metadata; an `images` field gives a row its input images for an editing or image-to-video "
+                    "model) file, or a folder written by `flowgrpo prepare-dataset` (it holds manifest.json); "
+                    "a local path or an s3:// URI; or `builtin:NAME`, a built-in prompt set read as it ships",
     )
     split: Literal["train", "test"] = Field(
         default="train",

@@ -11,10 +11,18 @@ Choices, and why:
   tokenizer as ``max(words, ceil(characters / 4))``: English averages about 4.5 characters per T5 token and
   one word is at least one token, so the estimate errs towards rejecting. A too-long prompt is rejected,
   not truncated: the encoder would drop its tail silently while rewards still score the whole prompt.
-- Duplicates are prompts equal after whitespace normalisation; the first is kept.
+- Duplicates are rows whose prompts are equal after whitespace normalisation and whose input images have the same
+  pixels; the first is kept.
+- Input images (a row's ``images``: a path, relative to the source file's folder, an ``s3://`` URI or a
+  ``data:`` URL, or a list of them) are read and checked as hostile input (``input_images.py``): a row whose
+  image is missing, unreadable, over the pixel limit or of a size the model cannot take (with ``resolution``:
+  ``components/models/input_images.py``) is rejected with its reason, like any bad row. Each image is stored once,
+  re-encoded as PNG, under ``images/``.
 - Split: rows are ranked by ``sha256(f"{seed}:{id}")`` and the first ``round(n * test_fraction)`` (at least
   one when there are two rows or more and ``test_fraction > 0``, never all) form the test split. A row's
-  split depends only on the seed, its prompt and the row count, not on the input order.
+  split depends only on the seed, its prompt and the row count, not on the input order. Rows with input images
+  are ranked by their first image instead, and every row of one image goes where the first goes: an edit of a
+  picture seen in training would not test anything held out.
 """
 
 from __future__ import annotations
@@ -27,13 +35,14 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, NamedTuple
 
 from components import storage
-from components.dataset.config import PrepareConfig
+from components.dataset.config import BUILTIN_KINDS, PrepareConfig
+from components.dataset.input_images import InputImageError, load_image, pixels_name, png_bytes, resolve, size_problem
 from components.dataset.prepared import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -53,8 +62,6 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["ocr", "generic"]
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
-BUILTIN_KINDS: dict[str, Kind] = {"ocr": "ocr", "aesthetic": "generic", "compositional": "generic",
-                                  "shapes": "generic"}
 BUILTIN_PREFIX = "builtin:"
 
 # Reason key -> what it means (in report order).
@@ -64,7 +71,12 @@ REASONS = {
     "missing_prompt": "missing, empty or non-string prompt",
     "prompt_too_long": "prompt longer than max_prompt_tokens (estimated)",
     "no_ocr_target": "no quoted text and no ground_truth",
-    "duplicate": "same prompt as an earlier row",
+    "duplicate": "same prompt (and input images) as an earlier row",
+    "bad_images": "images is not a string or a list of strings",
+    "image_missing": "an input image does not exist",
+    "image_unreadable": "an input image is corrupt or not PNG / JPEG",
+    "image_too_large": "an input image is over the pixel limit",
+    "image_size": "an input image of a size the model cannot take",
 }
 MAX_EXAMPLES = 5
 # Seconds between progress lines while reading; tests lower it.
@@ -214,9 +226,20 @@ def _parquet_records(path: Path, source: str) -> Iterator[_Record]:
         raise DataError(f"{source}: cannot read the Parquet rows after row {n} ({exc})") from exc
 
 
-def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int) -> tuple[PromptRow | None, str, str]:
+def _image_refs(value: Any, base: str | None) -> tuple[str, ...] | None:
+    """A row's ``images`` as references (see ``input_images.resolve``), or None when it is not one or more
+    non-empty strings."""
+    refs = [value] if isinstance(value, str) else value
+    if not isinstance(refs, list | tuple) or not all(isinstance(r, str) and r.strip() for r in refs):
+        return None
+    return tuple(resolve(r.strip(), base) for r in refs)
+
+
+def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int,
+              base: str | None = None) -> tuple[PromptRow | None, str, str]:
     """The row a record makes, or None with the reason (a key of ``REASONS``) and a detail. The one row check:
-    `prepare-dataset` rejects such a row, a training run reading a prompt file directly stops on it."""
+    `prepare-dataset` rejects such a row, a training run reading a prompt file directly stops on it. Input images
+    are only named here (relative to the file ``base``); reading them is ``input_images``'."""
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return None, "missing_prompt", "" if prompt is None else f"prompt is {prompt!r}"[:80]
@@ -224,17 +247,43 @@ def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int) -> tup
     tokens = estimate_tokens(prompt)
     if tokens > max_prompt_tokens:
         return None, "prompt_too_long", f"about {tokens} tokens, limit {max_prompt_tokens}"
-    metadata = {k: v for k, v in fields.items() if k != "prompt" and _present(v)}
+    images: tuple[str, ...] = ()
+    if _present(fields.get("images")) and fields.get("images") != []:
+        images = _image_refs(fields["images"], base)
+        if images is None:
+            return None, "bad_images", f"images is {fields['images']!r}"[:80]
+    metadata = {k: v for k, v in fields.items() if k not in ("prompt", "images") and _present(v)}
     try:
         metadata_json(metadata)
     except (TypeError, ValueError) as exc:
         return None, "unparseable", f"metadata not JSON-serialisable ({exc})"
     if kind == "ocr" and not target_text(prompt, metadata).strip():
         return None, "no_ocr_target", ""
-    return PromptRow(prompt, metadata), "", ""
+    return PromptRow(prompt, metadata, images), "", ""
 
 
-def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int,
+def _stored_images(row: PromptRow, resolution: int | None,
+                   store: dict[str, bytes]) -> tuple[PromptRow | None, str, str]:
+    """The row with its input images read, checked and named as stored (their PNGs added to ``store``), or None
+    with the reason and a detail."""
+    names = []
+    for ref in row.images:
+        try:
+            image = load_image(ref)
+        except InputImageError as exc:
+            return None, exc.reason, str(exc)[:200]
+        problem = size_problem(image.shape[0], image.shape[1], resolution) if resolution else None
+        if problem:
+            return None, "image_size", problem
+        name = pixels_name(image)
+        if name not in store:
+            store[name] = png_bytes(image)
+        names.append(name)
+    return replace(row, images=tuple(names)), "", ""
+
+
+def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int, resolution: int | None,
+               store: dict[str, bytes],
                progress: Callable[[str], None]) -> tuple[list[PromptRow], Rejections, int]:
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -242,7 +291,8 @@ def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int,
     records = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records}[fmt](path, source)
     rejections = Rejections(unit="row" if fmt == "parquet" else "line")
     rows: list[PromptRow] = []
-    first_seen: dict[str, int] = {}
+    first_seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    base = None if source.startswith(BUILTIN_PREFIX) else source
     n = 0
     last = time.monotonic()
     for record in records:
@@ -253,13 +303,15 @@ def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int,
         if record.fields is None:
             rejections.add(record.reason, record.where, record.detail)
             continue
-        row, reason, detail = check_row(record.fields, kind, max_prompt_tokens)
-        if row is not None and row.prompt in first_seen:
-            row, reason, detail = None, "duplicate", f"first at {rejections.unit} {first_seen[row.prompt]}"
+        row, reason, detail = check_row(record.fields, kind, max_prompt_tokens, base)
+        if row is not None and row.images:
+            row, reason, detail = _stored_images(row, resolution, store)
+        if row is not None and row.key in first_seen:
+            row, reason, detail = None, "duplicate", f"first at {rejections.unit} {first_seen[row.key]}"
         if row is None:
             rejections.add(reason, record.where, detail)
             continue
-        first_seen[row.prompt] = record.where
+        first_seen[row.key] = record.where
         rows.append(row)
     return rows, rejections, n
 
@@ -268,9 +320,18 @@ def split_rows(rows: list[PromptRow], test_fraction: float, seed: int) -> dict[s
     """Deterministic train/test split (see the module docstring); each split sorted by id."""
     n = len(rows)
     n_test = 0 if n < 2 or test_fraction <= 0 else min(n - 1, max(1, round(n * test_fraction)))
-    ranked = sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{row_id(r.prompt)}".encode()).digest())
-    by_id = lambda r: row_id(r.prompt)  # noqa: E731
-    return {"train": sorted(ranked[n_test:], key=by_id), "test": sorted(ranked[:n_test], key=by_id)}
+    groups: dict[str, list[PromptRow]] = {}
+    for row in rows:  # a text row is a group of its own; rows of one first input image are one group
+        groups.setdefault(row.images[0] if row.images else row_id(row.prompt), []).append(row)
+    ranked = sorted(groups, key=lambda g: hashlib.sha256(f"{seed}:{g}".encode()).digest())
+    test: list[PromptRow] = []
+    for group in ranked[:-1]:  # never all: the last group trains
+        if len(test) >= n_test:
+            break
+        test += groups[group]
+    held = {id(r) for r in test}
+    by_id = lambda r: row_id(r.prompt, r.images)  # noqa: E731
+    return {"train": sorted((r for r in rows if id(r) not in held), key=by_id), "test": sorted(test, key=by_id)}
 
 
 def builtin_source(name: str) -> Path:
@@ -284,11 +345,13 @@ def prepare_dataset(source: str, output: str, *, kind: Kind | None = None,
                     test_fraction: float = PrepareConfig.default_of("test_fraction"),
                     seed: int = PrepareConfig.default_of("seed"),
                     max_prompt_tokens: int = PrepareConfig.default_of("max_prompt_tokens"),
+                    resolution: int | None = None,
                     progress: Callable[[str], None] | None = None) -> PreparedDataset:
     """Validate ``source`` (a path, an ``s3://`` URI or ``builtin:NAME``), split it and write it to ``output``.
 
     ``kind`` "ocr" also rejects rows without a text to render; it defaults to "ocr" for ``builtin:ocr`` and
-    "generic" otherwise. Raises DataError when nothing usable is left, listing the reasons.
+    "generic" otherwise. ``resolution``: the model's, to reject input images of a size it cannot take. Raises
+    DataError when nothing usable is left, listing the reasons.
     """
     progress = progress or log.info
     if not 0 <= test_fraction < 1:
@@ -308,7 +371,9 @@ def prepare_dataset(source: str, output: str, *, kind: Kind | None = None,
             local = Path(source)
             if not local.is_file():
                 raise DataError(f"{source} does not exist or is not a file")
-        rows, rejections, n_records = _read_rows(local, source, kind, max_prompt_tokens, progress)
+        store: dict[str, bytes] = {}
+        rows, rejections, n_records = _read_rows(local, source if builtin is None else BUILTIN_PREFIX + builtin,
+                                                 kind, max_prompt_tokens, resolution, store, progress)
         if not rows:
             what = f"all {n_records} rows rejected: {rejections.summary()}" if n_records else "holds no rows"
             raise DataError(f"{source}: {what}")
@@ -331,12 +396,19 @@ def prepare_dataset(source: str, output: str, *, kind: Kind | None = None,
             "content_sha256": dataset_sha256(split_hashes),
             "splits": {s: {"file": f"{s}.parquet", "rows": len(splits[s]), "sha256": split_hashes[s]}
                        for s in SPLITS},
-            "columns": {"id": "16 hex digits of sha256(prompt)", "prompt": "string",
+            "columns": {"id": "16 hex digits of sha256(prompt and image names)", "prompt": "string",
+                        "images": "list of images/<16 hex of sha256(pixels)>.png",
                         "metadata": "JSON object as a string"},
+            "images": len({name for r in rows for name in r.images}),
         }
         manifest_uri = storage.join(output, MANIFEST_NAME)
         # An old manifest must never describe the new split files while they are being replaced.
         storage.delete(manifest_uri)
+        for i, (name, data) in enumerate(sorted(store.items()), start=1):
+            if name in {n for r in rows for n in r.images}:
+                storage.put_bytes(data, storage.join(output, name))
+            if i % 500 == 0:
+                progress(f"{output}: {i}/{len(store)} input images stored")
         for s in SPLITS:
             write_split(splits[s], Path(tmp) / f"{s}.parquet")
             storage.put_file(Path(tmp) / f"{s}.parquet", storage.join(output, f"{s}.parquet"))

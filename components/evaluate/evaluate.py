@@ -22,6 +22,7 @@ import numpy as np
 from components import storage
 from components.algorithms.base import algorithm_name
 from components.console import status_line
+from components.dataset.input_images import describe, load_row_images, square
 from components.dataset.prompts import PromptRow, held_out_rows
 from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.report import PromptResult, render_report
@@ -156,9 +157,11 @@ def hacking_warnings(rewards: dict[str, dict], history: list[dict]) -> list[str]
     return warnings
 
 
-def _score(rewards: RewardSet, images: np.ndarray, row: PromptRow) -> dict[str, list[float]]:
+def _score(rewards: RewardSet, images: np.ndarray, row: PromptRow,
+           inputs: list[np.ndarray]) -> dict[str, list[float]]:
     n = len(images)
-    outputs = rewards.score(images, [row.prompt] * n, [row.metadata] * n, [0] * n, list(rewards.rewards))
+    outputs = rewards.score(images, [row.prompt] * n, [row.metadata] * n, [0] * n, list(rewards.rewards),
+                            [inputs] * n if inputs else None)
     return {k: [float(v) for v in out.scores] for k, out in outputs.items()}
 
 
@@ -172,6 +175,9 @@ def sample_and_score(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: 
     try:
         for i, row in enumerate(rows):
             seed, prompts = cfg.seed + i, [row.prompt] * cfg.images_per_prompt
+            inputs = load_row_images(row.images, describe(row))
+            shown = [square(image, config.model.resolution) for image in inputs]  # as the model sees them
+            kw["images"] = [shown] * len(prompts) if inputs else None
             lora_images = generate(model, prompts, seed=seed, **kw)
             model.pipeline.disable_lora()
             try:
@@ -179,7 +185,8 @@ def sample_and_score(config: TrainingJobConfig, rewards: list[RewardSpec], cfg: 
             finally:
                 model.pipeline.enable_lora()
             results.append(PromptResult(row.prompt, seed, list(base_images), list(lora_images),
-                                        _score(scorer, base_images, row), _score(scorer, lora_images, row)))
+                                        _score(scorer, base_images, row, inputs),
+                                        _score(scorer, lora_images, row, inputs), shown))
             rate = (i + 1) / (time.perf_counter() - started)
             log(f"evaluated {i + 1}/{len(rows)} prompts ({rate:.2f} prompts/s, eta {(len(rows) - i - 1) / rate:.0f}s)")
     finally:

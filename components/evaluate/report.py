@@ -9,7 +9,7 @@ import io
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image
@@ -27,6 +27,7 @@ class PromptResult:
     lora_images: list[np.ndarray]
     base_scores: dict[str, list[float]]  # reward key -> one score per image (NaN = the reward failed)
     lora_scores: dict[str, list[float]]
+    input_images: list[np.ndarray] = field(default_factory=list)  # an edit's input images, as the model saw them
 
 
 # Distinguishable on white; the first is the overall reward/mean line.
@@ -344,5 +345,15 @@ def _prompt_section(result: PromptResult, order: list[str]) -> str:
     return (f'<div class="prompt"><h3>{_e(result.prompt)}</h3>'
             f'<div class="muted">seed {_e(result.seed)}</div>'
             f"<p>delta of mean score (LoRA − base): {', '.join(deltas) or 'no scores'}</p>"
-            f'<div class="sides">{_side("base", result.base_images, result.base_scores, keys)}'
+            f'<div class="sides">{_inputs(result.input_images)}'
+            f'{_side("base", result.base_images, result.base_scores, keys)}'
             f'{_side("LoRA", result.lora_images, result.lora_scores, keys)}</div></div>')
+
+
+def _inputs(images: list[np.ndarray]) -> str:
+    """The input images of an edit, left of what base and LoRA made of them."""
+    if not images:
+        return ""
+    figures = "".join(f"<figure>{_sample_img(f'input {i}', image)}<figcaption>input</figcaption></figure>"
+                      for i, image in enumerate(images))
+    return f'<div><b>input</b><div class="images">{figures}</div></div>'

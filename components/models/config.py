@@ -34,7 +34,8 @@ class LoRAConfig(Section):
 # step-distilled FLUX.2 klein). The adapter of a `diffusers` kind reports its mode once loaded, and the same
 # check runs then.
 GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
-TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-qwenimage": "true_cfg",
+TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-flux-kontext": "embedded",
+                                          "tiny-qwenimage": "true_cfg",
                                           "tiny-zimage": "cfg", "tiny-flux2": "cfg", "tiny-wan": "cfg",
                                           "shapes-sd3": "cfg"}
 VIDEO_KINDS = ("tiny-wan", "diffusers")  # a diffusers pipeline's adapter checks num_frames when loaded
@@ -42,10 +43,11 @@ SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position emb
 
 
 class ModelConfig(Section):
-    kind: Literal["tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "tiny-wan", "shapes-sd3",
-                  "diffusers"] = Field(
+    kind: Literal["tiny-sd3", "tiny-flux", "tiny-flux-kontext", "tiny-qwenimage", "tiny-zimage", "tiny-flux2",
+                  "tiny-wan", "shapes-sd3", "diffusers"] = Field(
         default="tiny-sd3",
-        description="`tiny-sd3` / `tiny-flux` / `tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein) / "
+        description="`tiny-sd3` / `tiny-flux` / `tiny-flux-kontext` (FLUX.1-Kontext, edits an input image) / "
+                    "`tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein) / "
                     "`tiny-wan` (Wan2.1 text-to-video): random pipeline of that family built from config; "
                     "`shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); `diffusers`: load "
                     "`path` (SD3, FLUX.1, Qwen-Image, Z-Image, FLUX.2 klein or Wan2.1, from its model_index.json)",

@@ -6,6 +6,8 @@ ratio stays exactly 1 only if training embeds the sampling scale. FLUX.1-schnell
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from components.models.base import PackedLatentModel, PromptEmbeddings
@@ -19,7 +21,7 @@ class FluxModel(PackedLatentModel):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._img_ids: dict[int, torch.Tensor] = {}
+        self._img_ids: dict[object, torch.Tensor] = {}
 
     @property
     def guidance_mode(self) -> GuidanceMode:
@@ -35,18 +37,25 @@ class FluxModel(PackedLatentModel):
         )
         return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype), "pooled_projections": pooled.to(self.dtype)})
 
-    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
-        grid = int(latents.shape[1] ** 0.5)
+    def _latent_ids(self, grid: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """Position ids of a grid x grid token image (the pipeline's), made once per size."""
         if grid not in self._img_ids:
-            self._img_ids[grid] = self.pipeline._prepare_latent_image_ids(None, grid, grid, latents.device,
-                                                                          latents.dtype)
+            self._img_ids[grid] = self.pipeline._prepare_latent_image_ids(None, grid, grid, device, dtype)
+        return self._img_ids[grid]
+
+    def _image_tokens(self, latents: torch.Tensor, embeds: PromptEmbeddings) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer's image tokens and their position ids: the noisy latents (Kontext appends its input's)."""
+        return latents, self._latent_ids(math.isqrt(latents.shape[1]), latents.device, latents.dtype)
+
+    def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
+        tokens, ids = self._image_tokens(latents, embeds)
         text = embeds.tensors["prompt_embeds"]
         g = None
         if self.transformer.config.guidance_embeds:
             g = torch.full((latents.shape[0],), guidance, device=latents.device, dtype=torch.float32)
         return self.transformer(
-            hidden_states=latents, timestep=self._timestep(latents, sigma), guidance=g,
+            hidden_states=tokens, timestep=self._timestep(latents, sigma), guidance=g,
             encoder_hidden_states=text, pooled_projections=embeds.tensors["pooled_projections"],
             txt_ids=torch.zeros(text.shape[1], 3, device=latents.device, dtype=latents.dtype),
-            img_ids=self._img_ids[grid], return_dict=False,
-        )[0]
+            img_ids=ids, return_dict=False,
+        )[0][:, :latents.shape[1]]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from components.models.base import FlowMatchingModel
 from components.models.config import ModelConfig
@@ -25,10 +26,13 @@ def load_with_lora(model_config: ModelConfig, seed: int, lora_dir: Path | None) 
 
 
 def generate(model: FlowMatchingModel, prompts: list[str], *, resolution: int, num_steps: int,
-             guidance_scale: float, seed: int) -> np.ndarray:
-    """(N, H, W, 3) uint8 images, deterministic for ``seed``; a video family's (N, F, H, W, 3) frames."""
+             guidance_scale: float, seed: int, images: list[list[np.ndarray]] | None = None) -> np.ndarray:
+    """(N, H, W, 3) uint8 images, deterministic for ``seed``; a video family's (N, F, H, W, 3) frames. ``images``:
+    each prompt's input images (uint8 (R, R, 3) at the model's resolution) for an editing or image-to-video family."""
     generator = torch.Generator(model.device).manual_seed(seed)
+    pil = None if images is None else [[Image.fromarray(image) for image in row] for row in images]
     with torch.no_grad():
         out = model.pipeline(height=resolution, width=resolution, num_inference_steps=num_steps,
-                             generator=generator, output_type="np", **model.pipeline_inputs(prompts, guidance_scale))
+                             generator=generator, output_type="np",
+                             **model.pipeline_inputs(prompts, guidance_scale, pil))
     return (np.clip(out.frames if model.video else out.images, 0, 1) * 255).round().astype(np.uint8)

@@ -33,6 +33,7 @@ def resolve_device(name: str) -> torch.device:
 PIPELINES = {
     "StableDiffusion3Pipeline": ("components.models.sd3", "SD3Model"),
     "FluxPipeline": ("components.models.flux", "FluxModel"),
+    "FluxKontextPipeline": ("components.models.flux_kontext", "FluxKontextModel"),
     "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
     "ZImagePipeline": ("components.models.zimage", "ZImageModel"),
     "Flux2KleinPipeline": ("components.models.flux2", "Flux2KleinModel"),
@@ -41,6 +42,7 @@ PIPELINES = {
 TINY = {
     "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
     "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
+    "tiny-flux-kontext": ("components.models.tiny_flux", "build_tiny_flux_kontext"),
     "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
     "tiny-zimage": ("components.models.tiny_zimage", "build_tiny_zimage"),
     "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),

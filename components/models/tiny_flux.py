@@ -8,7 +8,7 @@ CLIP-L-style encoder and a T5 encoder. The VAE downsamples by 4, so a 32 px imag
 from __future__ import annotations
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxPipeline, FluxTransformer2DModel
 
 from components.models import tiny_tokenizers as tok
 from components.models.tiny_sd3 import (
@@ -22,7 +22,7 @@ from components.models.tiny_sd3 import (
 )
 
 
-def build_tiny_flux(resolution: int, seed: int) -> FluxPipeline:
+def build_tiny_flux(resolution: int, seed: int, pipeline_class: type = FluxPipeline) -> FluxPipeline:
     """Build the tiny pipeline; the same seed gives the same weights, in eval mode, float32."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -39,7 +39,7 @@ def build_tiny_flux(resolution: int, seed: int) -> FluxPipeline:
         shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
         max_image_seq_len=4096,
     )
-    pipe = FluxPipeline(
+    pipe = pipeline_class(
         transformer=transformer, scheduler=scheduler, vae=vae,
         text_encoder=text_encoder, tokenizer=tok.clip_tokenizer(),
         text_encoder_2=text_encoder_2, tokenizer_2=tok.t5_tokenizer(T5_MAX_LENGTH),
@@ -47,3 +47,8 @@ def build_tiny_flux(resolution: int, seed: int) -> FluxPipeline:
     for module in (transformer, vae, text_encoder, text_encoder_2):
         module.eval().requires_grad_(False)
     return pipe
+
+
+def build_tiny_flux_kontext(resolution: int, seed: int) -> FluxKontextPipeline:
+    """The same tiny model as a FLUX.1-Kontext pipeline: it edits an input image (``flux_kontext.py``)."""
+    return build_tiny_flux(resolution, seed, FluxKontextPipeline)

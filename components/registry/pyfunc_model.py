@@ -4,9 +4,11 @@ Artifacts are the LoRA directory (diffusers format) and ``model.json`` (the ``mo
 seed), so ``mlflow.pyfunc.load_model("models:/NAME/VERSION")`` rebuilds exactly what was trained against:
 a tiny model from its seed, a real one from its local path or ``s3://`` URI.
 
-``predict`` takes a DataFrame with a ``prompt`` column and optional ``params`` (``seed``,
-``num_inference_steps``, ``guidance_scale``) and returns the prompts with ``image_png_b64``, or, for a video
-model, ``video_webp_b64`` (a lossless animated WebP of every frame).
+``predict`` takes a DataFrame with a ``prompt`` column (and, for an editing or image-to-video model, an
+``input_image_b64`` column: the image to edit, base64 PNG or JPEG, squared and scaled to the model's resolution as
+in training) and optional ``params`` (``seed``, ``num_inference_steps``, ``guidance_scale``) and returns the
+prompts with ``image_png_b64``, or, for a video model, ``video_webp_b64`` (a lossless animated WebP of every
+frame).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MODEL_NAME = "lora"  # the model's name inside the run
 ENTRY = Path(__file__).with_name("pyfunc_entry.py")
 DEFAULT_PARAMS = {"seed": 0, "num_inference_steps": 28, "guidance_scale": 4.5}
 VIDEO_FRAME_MS = 62  # 16 frames per second, Wan2.1's rate
+INPUT_COLUMN = "input_image_b64"
 
 
 def output_column(model_config: dict) -> str:
@@ -46,14 +49,23 @@ class LoRAImageModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
+        from components.dataset.input_images import MAX_PIXELS, square
         from components.models.generate import generate
-        from components.rewards.codec import animated, encode_png_b64
+        from components.rewards.codec import animated, decode_image_b64, encode_png_b64
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         prompts = [str(x) for x in model_input["prompt"]]
+        column = list(model_input[INPUT_COLUMN]) if INPUT_COLUMN in model_input else []
+        inputs = None
+        if any(isinstance(x, str) for x in column):
+            missing = [i for i, x in enumerate(column) if not isinstance(x, str)]
+            if missing:
+                raise ValueError(f"{INPUT_COLUMN} is missing on row {missing[0]}: an editing model takes an input "
+                                 "image with every prompt")
+            inputs = [[square(decode_image_b64(x, MAX_PIXELS), self.config.resolution)] for x in column]
         images = generate(self.model, prompts, resolution=self.config.resolution,
                           num_steps=int(p["num_inference_steps"]), guidance_scale=float(p["guidance_scale"]),
-                          seed=int(p["seed"]))
+                          seed=int(p["seed"]), images=inputs)
         if images.ndim == 5:
             encoded = [base64.b64encode(animated(video, VIDEO_FRAME_MS)).decode("ascii") for video in images]
         else:
@@ -74,7 +86,7 @@ def log_lora_model(run_id: str, name: str, lora_dir: Path, model_config: dict, s
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
     signature = ModelSignature(
-        inputs=Schema([ColSpec("string", "prompt")]),
+        inputs=Schema([ColSpec("string", "prompt"), ColSpec("string", INPUT_COLUMN, required=False)]),
         outputs=Schema([ColSpec("string", "prompt"), ColSpec("string", output_column(model_config))]),
         params=ParamSchema([
             ParamSpec("seed", "long", DEFAULT_PARAMS["seed"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from components.reward_server.batching import Batcher
 from components.reward_server.gate import GatedRoute, RequestGate
 from components.reward_server.settings import ServerSettings
-from components.rewards.base import BatchedReward, RewardOutput
+from components.rewards.base import BatchedReward, Inputs, RewardOutput
 from components.rewards.codec import (
     ImageDecodeError,
     ImageTooLargeError,
@@ -89,7 +90,10 @@ class RewardService:
             raise HTTPException(503, self.load_error or "rewards are still loading")
         return self.rewards
 
-    def decode(self, images: list[str], pixels: RawPixels | None = None) -> np.ndarray:
+    def decode(self, images: list[str], pixels: RawPixels | None = None, inputs: list[str] | None = None,
+               name: str = "images") -> np.ndarray:
+        """The request's images (``images`` as files, or ``pixels``), every pixel of them and of ``inputs`` (the
+        edits' input images, any sizes) counted in one budget before any is decoded."""
         limits = self.settings.limits
         n = pixels.shape[0] if pixels is not None else len(images)
         if n > limits.max_images:
@@ -98,25 +102,15 @@ class RewardService:
             if len(pixels.shape) == 5 and pixels.shape[1] > limits.max_frames:
                 raise HTTPException(413, f"videos of {pixels.shape[1]} frames exceed the limit of "
                                          f"{limits.max_frames} frames per video (limits.max_frames)")
-            _check_request_pixels(math.prod(pixels.shape[:-1]), limits.max_request_pixels)
+            _check_request_pixels(math.prod(pixels.shape[:-1]) + self._pixels_of(inputs or [], "inputs")[1],
+                                  limits.max_request_pixels)
             try:
                 return decode_raw_b64(pixels.data, pixels.shape, limits.max_pixels)
             except ImageDecodeError as exc:
                 raise _rejected(exc) from exc
-        raw, total = [], 0
-        for i, data in enumerate(images):  # headers only: the whole request's size before any pixel is decoded
-            try:
-                raw.append(image_bytes_b64(data))
-                total += image_pixels(raw[-1], limits.max_pixels)
-            except ImageDecodeError as exc:
-                raise _rejected(exc, f"images[{i}]: ") from exc
-        _check_request_pixels(total, limits.max_request_pixels)
-        decoded = []
-        for i, data in enumerate(raw):
-            try:
-                decoded.append(decode_image(data, limits.max_pixels))
-            except ImageDecodeError as exc:
-                raise _rejected(exc, f"images[{i}]: ") from exc
+        raw, total = self._pixels_of(images, name)
+        _check_request_pixels(total + self._pixels_of(inputs or [], "inputs")[1], limits.max_request_pixels)
+        decoded = self.decode_each(raw, name)
         if not decoded:
             return np.zeros((0, 1, 1, 3), dtype=np.uint8)
         shapes = {im.shape for im in decoded}
@@ -124,16 +118,42 @@ class RewardService:
             raise HTTPException(422, f"all images of a request must have one size, got {sorted(shapes)}")
         return np.stack(decoded)
 
+    def _pixels_of(self, images: list[str], name: str) -> tuple[list[bytes], int]:
+        """The files of base64 images and their pixels, from the headers only: the whole request's size is known
+        before any pixel is decoded."""
+        raw, total = [], 0
+        for i, data in enumerate(images):
+            try:
+                raw.append(image_bytes_b64(data))
+                total += image_pixels(raw[-1], self.settings.limits.max_pixels)
+            except ImageDecodeError as exc:
+                raise _rejected(exc, f"{name}[{i}]: ") from exc
+        return raw, total
+
+    def decode_each(self, raw: list[bytes], name: str) -> list[np.ndarray]:
+        decoded = []
+        for i, data in enumerate(raw):
+            try:
+                decoded.append(decode_image(data, self.settings.limits.max_pixels))
+            except ImageDecodeError as exc:
+                raise _rejected(exc, f"{name}[{i}]: ") from exc
+        return decoded
+
+    def decode_inputs(self, inputs: list[str], index: list[list[int]]) -> Inputs:
+        """Each sample's input images (their pixels already counted by ``decode``)."""
+        decoded = self.decode_each([image_bytes_b64(data) for data in inputs], "inputs")
+        return [[decoded[j] for j in row] for row in index]
+
     async def score(self, keys: list[str], images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-                    group_ids: list[int]) -> dict[str, RewardOutput]:
+                    group_ids: list[int], inputs: Inputs | None = None) -> dict[str, RewardOutput]:
         rewards = self.ready()
 
         async def one(key: str) -> RewardOutput:
             start = time.perf_counter()
-            if key in self.batchers:
+            if key in self.batchers and not rewards.rewards[key].inputs:
                 out = await self.batchers[key].score(images, prompts, metadata)
             else:
-                out = await run_in_threadpool(rewards.call, key, images, prompts, metadata, group_ids)
+                out = await run_in_threadpool(rewards.call, key, images, prompts, metadata, group_ids, inputs)
             self.seconds.labels(key).observe(time.perf_counter() - start)
             self.images.labels(key).inc(len(images))
             self.failures.labels(key).inc(out.failed)
@@ -242,11 +262,14 @@ async def score(request: ScoreRequest, service: Service) -> ScoreResponse:
     if unknown:
         raise HTTPException(400, f"unknown reward(s) {', '.join(map(repr, unknown))}; "
                                  f"served: {', '.join(rewards.weights)}")
-    images = await run_in_threadpool(service.decode, request.images, request.pixels)
+    images = await run_in_threadpool(service.decode, request.images, request.pixels, request.inputs)
     n = len(images)
     metadata = request.metadata or [{} for _ in range(n)]
     group_ids = request.group_ids or [0] * n
-    outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids)
+    inputs = None
+    if request.input_index is not None:
+        inputs = await run_in_threadpool(service.decode_inputs, request.inputs, request.input_index)
+    outputs = await service.score(list(dict.fromkeys(keys)), images, request.prompts, metadata, group_ids, inputs)
     return ScoreResponse(
         results={k: RewardResult(scores=_finite_or_none(o.scores), errors=o.errors, extra=o.extra)
                  for k, o in outputs.items()},
@@ -263,10 +286,22 @@ async def compute(request: ComputeRequest, service: Service) -> dict[str, Any]:
     prompts, images_b64 = request.prompt_list(), request.image_list()
     if len(prompts) != len(images_b64):
         raise HTTPException(422, f"prompt has {len(prompts)} items but image has {len(images_b64)}")
-    images = await run_in_threadpool(service.decode, images_b64)  # checks the count first
+    try:
+        conditions = request.condition_lists()
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    if conditions is not None and len(conditions) != len(prompts):
+        raise HTTPException(422, f"prompt has {len(prompts)} items but condition_images has {len(conditions)}")
+    flat = [image for row in conditions or [] for image in row]
+    images = await run_in_threadpool(service.decode, images_b64, None, flat)  # checks the count first
+    inputs = None
+    if conditions is not None:
+        starts = np.cumsum([0, *map(len, conditions)]).tolist()
+        inputs = await run_in_threadpool(service.decode_inputs, flat,
+                                         [list(range(a, b)) for a, b in itertools.pairwise(starts)])
     # one mapping for every sample (rewards only read metadata): a copy each would cost images x its size
     metadata = [request.kwargs or request.extra or {}] * len(prompts)
-    outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts))
+    outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts), inputs)
     for key, out in outputs.items():
         if out.failed:
             i = next(j for j, e in enumerate(out.errors) if e is not None)

@@ -9,6 +9,10 @@ Three kinds share one call signature, ``reward(images, prompts, metadata) -> Rew
 ``images`` is uint8 (B, H, W, 3); ``metadata`` holds one dict per sample (e.g. ``ground_truth``).
 Videos are uint8 (B, F, H, W, 3): a reward with ``video = True`` scores them whole; any other sees their frames as
 images and a video's score aggregates its frames' (``scoring.score_frames``).
+A reward with ``inputs = True`` also gets each sample's input images (editing, image-to-video): it is called
+``reward(images, prompts, metadata, inputs=...)``, ``inputs`` a list (one per sample) of lists of uint8 (H, W, 3)
+arrays at their stored size; a pointwise one implements ``score(image, prompt, metadata, inputs)``, a batched one
+``score_batch(images, prompts, metadata, inputs)``. A sample without input images has an empty list.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from components.config_base import Section
 
+Inputs = list[list[np.ndarray]]  # each sample's input images
 
 @dataclass
 class RewardOutput:
@@ -65,25 +70,35 @@ class Reward(ABC):
     Args: ClassVar[type[Section] | None] = None
     kind: ClassVar[str] = "pointwise"
     video: ClassVar[bool] = False  # scores whole videos (B, F, H, W, 3) rather than images
+    inputs: ClassVar[bool] = False  # takes each sample's input images (the module docstring)
 
     @abstractmethod
-    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                 inputs: Inputs | None = None) -> RewardOutput:
         ...
+
+    def _inputs_of(self, inputs: Inputs | None, n: int) -> Inputs:
+        if self.inputs and inputs is None:
+            raise ValueError(f"reward {self.name!r} scores edits against their input images, but none were given")
+        return inputs if inputs is not None else [[] for _ in range(n)]
 
 
 class PointwiseReward(Reward):
     """A reward that scores each image on its own."""
 
     @abstractmethod
-    def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
-        ...
+    def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any], *inputs: list[np.ndarray]) -> float:
+        """One sample's score; with ``inputs = True`` its input images come as a fourth argument."""
 
-    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                 inputs: Inputs | None = None) -> RewardOutput:
         values = np.full(len(images), np.nan)
         errors: list[str | None] = [None] * len(images)
+        given = self._inputs_of(inputs, len(images))
         for i, (image, prompt, meta) in enumerate(zip(images, prompts, metadata, strict=True)):
             try:
-                values[i] = float(self.score(image, prompt, meta))
+                values[i] = float(self.score(image, prompt, meta, given[i]) if self.inputs else
+                                  self.score(image, prompt, meta))
             except Exception as exc:  # a reward failure is data, recorded per sample
                 errors[i] = _describe(exc)
         out = RewardOutput.from_scores(values)
@@ -95,19 +110,27 @@ class BatchedReward(Reward):
     """A reward that scores a batch in one call, falling back to one sample at a time on failure."""
 
     @abstractmethod
-    def score_batch(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> np.ndarray:
-        """(B,) scores; may raise."""
+    def score_batch(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                    *inputs: Inputs) -> np.ndarray:
+        """(B,) scores; may raise. With ``inputs = True`` the input images come as a fourth argument."""
 
-    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
+    def _batch(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+               inputs: Inputs) -> np.ndarray:
+        return (self.score_batch(images, prompts, metadata, inputs) if self.inputs else
+                self.score_batch(images, prompts, metadata))
+
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                 inputs: Inputs | None = None) -> RewardOutput:
+        given = self._inputs_of(inputs, len(images))
         try:
-            return RewardOutput.from_scores(self.score_batch(images, prompts, metadata))
+            return RewardOutput.from_scores(self._batch(images, prompts, metadata, given))
         except Exception:  # isolate the failing samples below
             if len(images) == 1:
                 raise
         values, errors = np.full(len(images), np.nan), [None] * len(images)
         for i in range(len(images)):
             try:
-                values[i] = float(self.score_batch(images[i:i + 1], prompts[i:i + 1], metadata[i:i + 1])[0])
+                values[i] = float(self._batch(images[i:i + 1], prompts[i:i + 1], metadata[i:i + 1], given[i:i + 1])[0])
             except Exception as exc:
                 errors[i] = _describe(exc)
         out = RewardOutput.from_scores(values)

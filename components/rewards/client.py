@@ -18,8 +18,8 @@ import numpy as np
 from components.console import status_line
 from components.errors import RewardError
 from components.polling import Polls
-from components.rewards.base import RewardOutput
-from components.rewards.codec import encode_raw_b64
+from components.rewards.base import Inputs, RewardOutput
+from components.rewards.codec import encode_png_b64, encode_raw_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.wire import RawPixels, RewardsResponse, ScoreRequest, ScoreResponse
@@ -126,11 +126,11 @@ class RemoteRewardSet:
         return {r.key: r.kind for r in RewardsResponse.model_validate_json(response.content).rewards}
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-              group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]:
+              group_ids: Sequence[int], keys: Sequence[str], inputs: Inputs | None = None) -> dict[str, RewardOutput]:
         # Raw pixels: lossless and far cheaper than PNG; encoded in the calling (scoring) thread.
         pixels = RawPixels(shape=images.shape, data=encode_raw_b64(images))
         request = ScoreRequest(prompts=prompts, pixels=pixels, metadata=metadata, group_ids=list(group_ids),
-                               rewards=list(keys))
+                               rewards=list(keys), **_input_fields(inputs))
         response = self._run(self._send("POST", "/v1/score", content=request.model_dump_json(),
                                         headers={"content-type": "application/json"}))
         results = ScoreResponse.model_validate_json(response.content).results
@@ -157,3 +157,20 @@ class RemoteRewardSet:
         self._thread.join(timeout=CLOSE_TIMEOUT_S)
         if not self._thread.is_alive():
             self._loop.close()
+
+
+def _input_fields(inputs: Inputs | None) -> dict[str, Any]:
+    """``inputs`` and ``input_index`` of a request: a group's samples share their input images, each sent once
+    (as PNG: an input image is a photo-sized file, sent once, where raw pixels would be 3 bytes a pixel)."""
+    if inputs is None or not any(inputs):
+        return {}
+    unique: dict[int, int] = {}
+    encoded: list[str] = []
+    index = []
+    for row in inputs:
+        for image in row:
+            if id(image) not in unique:
+                unique[id(image)] = len(encoded)
+                encoded.append(encode_png_b64(image))
+        index.append([unique[id(image)] for image in row])
+    return {"inputs": encoded, "input_index": index}

@@ -24,6 +24,12 @@ the config: `"0.5"` or `true` where a number is meant are refused, not converted
 A custom reward (`name: package.module:Class`) declares its own model as the class attribute `Args` (a pydantic
 model, built with the validated model as its one argument), or takes `args` as keyword arguments of its
 constructor; either is checked where its module is imported (`flowgrpo validate` and the processes that score).
+
+A reward that scores an edit against what it edited sets `inputs = True`: it is then called with each sample's
+input images as well (`reward(images, prompts, metadata, inputs=...)`, one list of uint8 `(H, W, 3)` arrays per
+sample; a pointwise reward's `score(image, prompt, metadata, inputs)`, a batched one's `score_batch(images,
+prompts, metadata, inputs)`), in the trainer, the evaluation and on the reward server alike
+(docs/REWARD_SERVER.md). A reward that does not ask is called as before.
 """
 
 

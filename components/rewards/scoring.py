@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.errors import RewardError
-from components.rewards.base import Reward, RewardOutput
+from components.rewards.base import Inputs, Reward, RewardOutput
 from components.rewards.config import FrameAggregation, RewardSpec
 from components.rewards.registry import RewardCache
 
@@ -29,31 +29,37 @@ class Scorer(Protocol):
     groupwise: set[str]
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-              group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]: ...
+              group_ids: Sequence[int], keys: Sequence[str], inputs: Inputs | None = None) -> dict[str, RewardOutput]:
+        ...
 
     def close(self) -> None: ...
 
 
 def call_reward(reward: Reward, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-                group_ids: Sequence[int], frames: FrameAggregation = "mean") -> RewardOutput:
+                group_ids: Sequence[int], frames: FrameAggregation = "mean",
+                inputs: Inputs | None = None) -> RewardOutput:
     """One reward on one batch; a groupwise reward is called once per group; an image reward on videos
-    (B, F, H, W, 3) scores their frames, aggregated by ``frames``. Never raises."""
+    (B, F, H, W, 3) scores their frames, aggregated by ``frames``; the input images reach a reward that takes
+    them (``Reward.inputs``). Never raises."""
     n = len(images)
     if images.ndim == 5 and not reward.video:
-        return score_frames(reward, images, prompts, metadata, group_ids, frames)
+        return score_frames(reward, images, prompts, metadata, group_ids, frames, inputs)
+    given = {"inputs": inputs} if reward.inputs else {}
     try:
         if reward.kind == "groupwise":
             out = RewardOutput(scores=np.full(n, np.nan), errors=[None] * n)
             ids = np.asarray(group_ids)
             for g in dict.fromkeys(ids.tolist()):
                 idx = np.flatnonzero(ids == g)
-                part = reward(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
+                if reward.inputs:
+                    given = {"inputs": None if inputs is None else [inputs[i] for i in idx]}
+                part = reward(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx], **given)
                 _check_length(part, len(idx))
                 out.scores[idx] = part.scores
                 for j, i in enumerate(idx):
                     out.errors[i] = part.errors[j]
             return out
-        out = reward(images, prompts, metadata)
+        out = reward(images, prompts, metadata, **given)
         _check_length(out, n)
         return out
     except Exception as exc:  # recorded as a failure of every sample of the batch
@@ -61,12 +67,13 @@ def call_reward(reward: Reward, images: np.ndarray, prompts: list[str], metadata
 
 
 def score_frames(reward: Reward, videos: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-                 group_ids: Sequence[int], frames: FrameAggregation) -> RewardOutput:
+                 group_ids: Sequence[int], frames: FrameAggregation, inputs: Inputs | None = None) -> RewardOutput:
     """An image reward on videos (B, F, H, W, 3): every frame scored as an image of its video's prompt (and
     group), a video's score the mean or the min of its frames'; a failed frame fails its video."""
     b, f = videos.shape[:2]
     out = call_reward(reward, videos.reshape(b * f, *videos.shape[2:]), [p for p in prompts for _ in range(f)],
-                      [m for m in metadata for _ in range(f)], [g for g in group_ids for _ in range(f)])
+                      [m for m in metadata for _ in range(f)], [g for g in group_ids for _ in range(f)],
+                      inputs=None if inputs is None else [x for x in inputs for _ in range(f)])
     per_frame = out.scores.reshape(b, f)
     scores = per_frame.mean(axis=1) if frames == "mean" else per_frame.min(axis=1)  # NaN where a frame failed
     errors: list[str | None] = []
@@ -145,10 +152,10 @@ class RewardSet:
         self._fanout = DaemonPool(WORKERS_PER_REWARD * len(specs), "reward-fanout")
 
     def call(self, key: str, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-             group_ids: Sequence[int]) -> RewardOutput:
+             group_ids: Sequence[int], inputs: Inputs | None = None) -> RewardOutput:
         timeout = self.specs[key].timeout_s
         future = self._workers[key].submit(call_reward, self.rewards[key], images, prompts, metadata, group_ids,
-                                           self.specs[key].frames)
+                                           self.specs[key].frames, inputs)
         try:
             return future.result(timeout=timeout)
         except cf.TimeoutError:
@@ -156,10 +163,10 @@ class RewardSet:
             return RewardOutput.all_failed(len(images), f"timed out after {timeout:g}s")
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-              group_ids: Sequence[int], keys: Sequence[str]) -> dict[str, RewardOutput]:
+              group_ids: Sequence[int], keys: Sequence[str], inputs: Inputs | None = None) -> dict[str, RewardOutput]:
         if len(keys) == 1:
-            return {keys[0]: self.call(keys[0], images, prompts, metadata, group_ids)}
-        futures = {k: self._fanout.submit(self.call, k, images, prompts, metadata, group_ids) for k in keys}
+            return {keys[0]: self.call(keys[0], images, prompts, metadata, group_ids, inputs)}
+        futures = {k: self._fanout.submit(self.call, k, images, prompts, metadata, group_ids, inputs) for k in keys}
         return {k: f.result() for k, f in futures.items()}
 
     def close(self) -> None:
@@ -201,17 +208,17 @@ class BackgroundScoring:
         self.scorer = scorer
         self._pool = cf.ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="scoring")
         self._pending: list[cf.Future] = []
-        self._batches: list[tuple[np.ndarray, list[str], list[dict[str, Any]], list[int]]] = []
+        self._batches: list[tuple[np.ndarray, list[str], list[dict[str, Any]], list[int], Inputs | None]] = []
         self._lock = threading.Lock()
         self.pointwise = [k for k in scorer.weights if k not in scorer.groupwise]
 
     def submit(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
-               group_ids: list[int]) -> None:
+               group_ids: list[int], inputs: Inputs | None = None) -> None:
         with self._lock:
-            self._batches.append((images, prompts, metadata, group_ids))
+            self._batches.append((images, prompts, metadata, group_ids, inputs))
             if self.pointwise:
-                self._pending.append(
-                    self._pool.submit(self.scorer.score, images, prompts, metadata, group_ids, self.pointwise))
+                self._pending.append(self._pool.submit(self.scorer.score, images, prompts, metadata, group_ids,
+                                                       self.pointwise, inputs))
 
     def check(self) -> None:
         """Raise the failure of a batch already scored, as ``finish`` would, without waiting for the others: the
@@ -245,6 +252,7 @@ class BackgroundScoring:
             prompts = [p for b in self._batches for p in b[1]]
             metadata = [m for b in self._batches for m in b[2]]
             group_ids = [g for b in self._batches for g in b[3]]
-            outputs.update(self.scorer.score(images, prompts, metadata, group_ids, groupwise))
+            inputs = None if self._batches[0][4] is None else [x for b in self._batches for x in b[4]]
+            outputs.update(self.scorer.score(images, prompts, metadata, group_ids, groupwise, inputs))
         self._pool.shutdown(wait=True)
         return {k: outputs[k] for k in self.scorer.weights}

@@ -26,16 +26,26 @@ class ScoreRequest(BaseModel):
     group_ids: list[int] | None = Field(default=None, description="prompt group of each sample (groupwise "
                                                                    "rewards); default: one group")
     rewards: list[str] | None = Field(default=None, description="reward keys to compute; default: all served")
+    inputs: list[str] = Field(
+        default_factory=list, description="the input images of edits (base64 PNG or JPEG), each sent once however "
+                                          "many samples share it; their pixels count in the request's budget")
+    input_index: list[list[NonNegativeInt]] | None = Field(
+        default=None, description="per sample, its input images as indices into `inputs`")
 
     @model_validator(mode="after")
     def _lengths(self) -> ScoreRequest:
         if self.pixels is not None and self.images:
             raise ValueError("give images or pixels, not both")
         n = self.pixels.shape[0] if self.pixels is not None else len(self.images)
-        for field in ("prompts", "metadata", "group_ids"):
+        for field in ("prompts", "metadata", "group_ids", "input_index"):
             value = getattr(self, field)
             if value is not None and len(value) != n:
                 raise ValueError(f"{field} has {len(value)} items but there are {n} images")
+        if (self.input_index is None) != (not self.inputs):
+            raise ValueError("give inputs and input_index together")
+        bad = [j for row in self.input_index or [] for j in row if j >= len(self.inputs)]
+        if bad:
+            raise ValueError(f"input_index names input {bad[0]}, but there are {len(self.inputs)} inputs")
         return self
 
 
@@ -89,3 +99,13 @@ class ComputeRequest(BaseModel):
 
     def image_list(self) -> list[str]:
         return self.image if self.image is not None else self.images or []
+
+    def condition_lists(self) -> list[list[str]] | None:
+        """Each sample's input images (Flow-Factory's ``condition_images``: a list of base64 PNGs per sample)."""
+        if self.condition_images is None:
+            return None
+        rows = self.condition_images
+        if not isinstance(rows, list) or not all(isinstance(r, list) and all(isinstance(i, str) for i in r)
+                                                 for r in rows):
+            raise ValueError("condition_images must be a list (one per sample) of lists of base64 images")
+        return rows

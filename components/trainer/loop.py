@@ -16,6 +16,7 @@ from PIL import Image
 
 from components.algorithms.base import build_algorithm
 from components.console import status_line
+from components.dataset.input_images import describe, first_inputs, load_row_images
 from components.dataset.prompts import PromptRow, held_out_rows, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
 from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
@@ -263,10 +264,10 @@ class Trainer:
         LoRA, whole or sharded. Returns the LoRA parameters."""
         cfg, world = self.config, self.collective
         say = self.log if world.is_main else _silent
-        self.prompts = PromptEncoder(self.model, [r.prompt for r in self.rows + self.showcase],
+        self.model.to_device("vae")  # before the prompts: an editing family encodes its input images with it
+        self.prompts = PromptEncoder(self.model, self.rows + self.showcase, resolution=cfg.model.resolution,
                                      offload=cfg.model.offload_text_encoders, cache_gib=cfg.model.prompt_cache_gib,
                                      log=say)
-        self.model.to_device("vae")
         with torch.random.fork_rng(devices=[]):  # the LoRA is initialised in host memory, the same on any device
             torch.manual_seed(cfg.seed)
             params = self.model.add_lora(cfg.model.lora)
@@ -347,14 +348,15 @@ class Trainer:
 
         def score_batch(images: np.ndarray, prompt_idx: torch.Tensor) -> None:
             groups = prompt_idx.tolist()  # a sample's prompt is its GRPO group
-            scoring.submit(images, [mine[g].prompt for g in groups], [mine[g].metadata for g in groups], groups)
+            scoring.submit(images, [mine[g].prompt for g in groups], [mine[g].metadata for g in groups], groups,
+                           self._inputs([mine[g] for g in groups]))
 
         t0 = time.perf_counter()
         prompt_texts = [r.prompt for r in mine]
         # a batch whose scoring failed for good (the reward server gone past its retry window) stops sampling
         with self.algorithm.sampling_weights():
             with self.phase_scope("encoding"):
-                embeds = self.prompts(prompt_texts)
+                embeds = self.prompts(mine)
             with self.phase_scope("sampling"):
                 rollout = sample_rollout(self.model, prompt_texts, group_size, batch_size, sampler, noise,
                                          on_batch=score_batch, embeds=embeds, check=scoring.check)
@@ -388,13 +390,19 @@ class Trainer:
             row.update(self.show_samples())
         return row
 
+    def _inputs(self, rows: list[PromptRow]) -> list[list[np.ndarray]] | None:
+        """The input images of ``rows`` for the rewards that score edits against them (None: text-to-image)."""
+        if not any(r.images for r in rows):
+            return None
+        return [load_row_images(r.images, describe(r)) for r in rows]
+
     def _showcase_rows(self) -> list[PromptRow]:
         """The grids' prompts: the first ``tracking.sample_images`` held-out prompts (the test split of a
         prepared dataset, which the evaluation samples too), else the first training prompts."""
         if not self.config.tracking.sample_every:
             return []
         rows, _ = held_out_rows(self.config.data)
-        return list({r.prompt: r for r in rows}.values())[:self.config.tracking.sample_images]
+        return list({r.key: r for r in rows}.values())[:self.config.tracking.sample_images]
 
     def _sample_epoch(self, epoch: int) -> bool:
         every = self.config.tracking.sample_every
@@ -407,18 +415,20 @@ class Trainer:
         cfg = self.config
         rows = self.showcase
         if self._showcase_embeds is None:  # once: with offloaded encoders and no cache, each encode moves them
-            self._showcase_embeds = self.prompts([r.prompt for r in rows])
+            self._showcase_embeds = self.prompts(rows)
         images = ode_images(self.model, self._showcase_embeds, cfg.sampling.eval_num_steps,
                             cfg.model.resolution, cfg.sampling.guidance_scale,
                             torch.Generator(self.model.device).manual_seed(showcase_seed(cfg.seed)))
         if not self.collective.is_main:
             return {}
         keys = [k for k in self.scorer.weights if k not in self.scorer.groupwise]
+        inputs = self._inputs(rows)
         outputs = self.scorer.score(images, [r.prompt for r in rows], [r.metadata for r in rows],
-                                    list(range(len(rows))), keys) if keys else {}
+                                    list(range(len(rows))), keys, inputs) if keys else {}
         shown = outputs[keys[0]].scores if keys else np.full(len(rows), np.nan)
         grid = sample_grid(images, [r.prompt for r in rows], [float(v) for v in shown],
-                           label=keys[0] if keys else "reward")
+                           label=keys[0] if keys else "reward",
+                           inputs=None if inputs is None else first_inputs(inputs, cfg.model.resolution))
         name = f"{ckpt.checkpoint_name(self.epoch)}.png"
         (self.output.local / SAMPLES_DIR).mkdir(exist_ok=True)
         Image.fromarray(grid).save(self.output.local / SAMPLES_DIR / name)

@@ -56,12 +56,16 @@ def animated(video: np.ndarray, image_format: str = "WEBP") -> bytes:
     return codec.animated(video.repeat(scale, axis=1).repeat(scale, axis=2), FRAME_MS, image_format)
 
 
-def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], label: str = "reward") -> np.ndarray:
+def sample_grid(images: np.ndarray, prompts: list[str], rewards: list[float], label: str = "reward",
+                inputs: np.ndarray | None = None) -> np.ndarray:
     """(N, H, W, 3) uint8 images -> one uint8 grid image; each tile is the image scaled up by an integer
     factor (nearest) with "prompt" and "<label> <reward>" lines under it. Videos (N, F, H, W, 3) tile their
-    first, middle and last frames (``key_frames``)."""
+    first, middle and last frames (``key_frames``). ``inputs`` (N, H, W, 3): each sample's input image, shown on
+    the tile's left (an edit beside what it edited)."""
     if images.ndim == 5:
         images = key_frames(images)
+    if inputs is not None:
+        images = np.concatenate([inputs, images], axis=2)
     n, h, w, _ = images.shape
     if not (n == len(prompts) == len(rewards)) or n == 0:
         raise ValueError(f"sample_grid needs as many prompts and rewards as images, got {n}/{len(prompts)}/"

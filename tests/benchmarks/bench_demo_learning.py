@@ -3,7 +3,10 @@ its own work directory, then one table: wall time, the held-out gain on every ev
 training reward's trend per epoch with its CI, and the sample grid's held-out reward at epoch 0 and at the end.
 These are the figures README and docs/MODELS.md state.
 
-    python tests/benchmarks/bench_demo_learning.py [--seeds 0 1 2] [--workdir DIR] [key.sub=value ...]
+    python tests/benchmarks/bench_demo_learning.py [--seeds 0 1 2] [--workdir DIR] [--config shapes-edit-cpu]
+        [key.sub=value ...]
+
+``--config`` measures another demo the same way (the editing demo, shapes-edit-cpu).
 
 A full run takes about 4.5 minutes a seed on 2 cores; `--smoke` (what CI runs, so the script cannot rot) trains
 2 epochs and evaluates 10 prompts: its figures mean nothing.
@@ -30,11 +33,13 @@ from components.flowgrpo.metrics import learning_summary  # noqa: E402
 SMOKE = ["train.epochs=2", "eval.max_prompts=10", "eval.images_per_prompt=1", "tracking.sample_every=1"]
 
 
-def run_seed(seed: int, workdir: Path, overrides: list[str]) -> dict:
-    """One `run --local` in ``workdir``; its eval.json, metrics rows and wall seconds."""
+def run_seed(seed: int, workdir: Path, overrides: list[str], config: str | None = None) -> dict:
+    """One `run --local` (of ``config``, else the embedded default) in ``workdir``; its eval.json, metrics rows and
+    wall seconds."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--local", "--workdir", str(workdir),
-                           f"seed={seed}", *overrides], cwd=REPO, capture_output=True, text=True)
+                           *(["--config", config] if config else []), f"seed={seed}", *overrides],
+                          cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"seed {seed}: run --local failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -78,6 +83,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workdir", type=Path, help="keep each seed's work directory under this folder")
     parser.add_argument("--smoke", action="store_true", help="2 epochs, 10 eval prompts: checks the script runs")
+    parser.add_argument("--config", help="the config `run --local` runs (a file, or a shipped config's name); "
+                                         "default: the embedded default, the shapes demo")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value")
     args = parser.parse_args()
     overrides = [*SMOKE, *args.overrides] if args.smoke else args.overrides
@@ -85,7 +92,7 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         print(f"seed {seed}: flowgrpo run --local seed={seed} {' '.join(overrides)}", flush=True)
-        results.append(run_seed(seed, root / f"seed-{seed}", overrides))
+        results.append(run_seed(seed, root / f"seed-{seed}", overrides, args.config))
         print(f"seed {seed}: {results[-1]['wall'] / 60:.1f} min", flush=True)
     report(results)
 

@@ -270,3 +270,40 @@ def test_a_client_sent_shape_is_checked_before_anything_is_allocated(server, sha
     r = httpx.post(f"{server}/v1/score", json=body)
     assert r.status_code in (413, 422), r.text
     assert needle in r.json()["detail"]
+
+
+def test_input_images_reach_the_rewards_that_ask_once_per_request_and_count_in_its_budget():
+    """An edit's input images cross the wire once however many samples share them (the trainer's client, and
+    Flow-Factory's condition_images on /compute), each sample's reaching an input-aware reward, and their pixels
+    count in the request's budget."""
+    from components.rewards.client import RemoteRewardSet, _input_fields
+    from components.rewards.config import RewardServerConfig
+
+    specs = [RewardSpec(name="reward_fixtures:InputMean", label="input_mean"), RewardSpec(name="brightness")]
+    shared, other = _image(40), _image(200)
+    images = np.stack([_image(i) for i in range(4)])
+    inputs = [[shared], [shared], [shared], [other, shared]]
+    fields = _input_fields(inputs)
+    assert len(fields["inputs"]) == 2 and fields["input_index"] == [[0], [0], [0], [1, 0]]
+    expected = [shared.mean()] * 3 + [other.mean() + 1000]
+    # 4 images + 5 inputs of 16 x 16: what /compute gets (Flow-Factory sends each sample's); the client sends 4 + 2
+    with running_server(ServerSettings(rewards=specs, limits=Limits(max_request_pixels=9 * 16 * 16))) as url:
+        client = RemoteRewardSet(specs, RewardServerConfig(url=url))
+        try:
+            out = client.score(images, list("abcd"), [{}] * 4, [0, 0, 1, 1], ["input_mean", "brightness"], inputs)
+        finally:
+            client.close()
+        assert out["input_mean"].scores == pytest.approx(expected)
+        assert out["brightness"].scores == pytest.approx([_luma(i) for i in images])
+        body = {"prompt": list("abcd"), "image": [encode_png_b64(i) for i in images],
+                "condition_images": [[encode_png_b64(x) for x in row] for row in inputs]}
+        r = httpx.post(f"{url}/compute", json=body)
+        assert r.status_code == 200
+        assert r.json()["rewards"] == pytest.approx([e + _luma(i) for e, i in zip(expected, images, strict=True)])
+        over = {**body, "condition_images": [[encode_png_b64(x) for x in [*row, shared]] for row in inputs]}
+        r = httpx.post(f"{url}/compute", json=over)  # 4 + 9 images of 16 x 16: over the budget of 9
+        assert r.status_code == 413 and "max_request_pixels" in r.json()["error"]
+        r = httpx.post(f"{url}/compute", json={**body, "condition_images": [["x"]]})
+        assert r.status_code == 422 and "condition_images has 1" in r.json()["error"]
+        r = _score(url, [encode_png_b64(i) for i in images], rewards=["input_mean"])
+        assert r.status_code == 200 and "none were given" in r.json()["results"]["input_mean"]["errors"][0]

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from components.dataset import prepare as prep
 from components.dataset.config import DataConfig
-from components.dataset.prepare import builtin_source, prepare_dataset, split_rows
+from components.dataset.prepare import REASONS, builtin_source, prepare_dataset, split_rows
 from components.dataset.prepared import PromptRow, read_split, row_id
 from components.dataset.prompts import dataset_hash, load_prompt_rows, load_prompts
 from components.errors import DataError
@@ -59,10 +59,11 @@ def test_every_rejection_reason_is_counted_with_its_line_numbers(tmp_path):
     src = write_lines(tmp_path / "in.jsonl", DEFECTIVE_JSONL)
     result = prepare_dataset(str(src), str(tmp_path / "out"), kind="ocr")
     r = result.rejections
-    assert r.counts == {"unparseable": 2, "bad_encoding": 1, "missing_prompt": 3, "prompt_too_long": 1,
-                        "no_ocr_target": 1, "duplicate": 1}
-    assert r.examples == {"unparseable": [2, 11], "bad_encoding": [3], "missing_prompt": [4, 5, 12],
-                          "prompt_too_long": [6], "no_ocr_target": [7], "duplicate": [8]}
+    assert r.counts == {**dict.fromkeys(REASONS, 0), "unparseable": 2, "bad_encoding": 1, "missing_prompt": 3,
+                        "prompt_too_long": 1, "no_ocr_target": 1, "duplicate": 1}
+    assert {k: v for k, v in r.examples.items() if v} == {
+        "unparseable": [2, 11], "bad_encoding": [3], "missing_prompt": [4, 5, 12], "prompt_too_long": [6],
+        "no_ocr_target": [7], "duplicate": [8]}
     assert "first at line 1" in r.details["duplicate"] and "Expecting value" in r.details["unparseable"]
     m = result.manifest
     assert m["rows"] == {"input": 12, "kept": 3, "rejected": 9, "train": 2, "test": 1}
