@@ -61,11 +61,16 @@ class Flux2KleinModel(FlowMatchingModel):
         return {"guidance_scale": guidance_scale, "max_sequence_length": self.max_sequence_length}
 
     def check_input_images(self, count: int, where: str) -> None:
-        """Take the rows' references, 0 to ``MAX_REFERENCES`` each: from here on ``input_images`` is ``count``."""
+        """Take the rows' references, 0 to ``MAX_REFERENCES`` each and as many in every row of the run (a batch's
+        rows share one sequence): from here on ``input_images`` is ``count``."""
         if count > MAX_REFERENCES:
             raise ModelLoadError(f"{where}: the rows carry {count} reference images each, but FLUX.2 klein takes at "
                                  f"most {MAX_REFERENCES}; give every row `images` with 0 to {MAX_REFERENCES} "
                                  "(docs/MODELS.md)")
+        if "input_images" in vars(self) and count != self.input_images:  # an earlier check took another count
+            raise ModelLoadError(f"{where}: the rows carry {count} reference images each where others carry "
+                                 f"{self.input_images}; FLUX.2 klein takes as many with every prompt of a run: give "
+                                 "every row the same number of `images`, or train on them apart (docs/MODELS.md)")
         self.input_images = count
 
     def pipeline_inputs(self, prompts: list[str], guidance_scale: float, images: list[list] | None = None) -> dict:

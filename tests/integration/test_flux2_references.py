@@ -10,12 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
+from components.dataset.input_images import model_input
 from components.errors import ModelLoadError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models.config import ModelConfig
 from components.models.flux2 import MAX_REFERENCES
-from components.models.input_images import model_input
 from components.models.loading import load_model
 
 G = 4.0  # the base model's CFG, as tiny-flux2-cpu.yaml samples
@@ -159,15 +159,26 @@ def test_klein_step_log_prob_with_references_equals_a_float64_transcription():
     assert (transition(t, negative_refs=False)[0] - expected_mean).abs().max() > 1e-4
 
 
-def test_the_reference_count_comes_from_the_data_within_klein_s_limit():
+@pytest.mark.parametrize("count", range(MAX_REFERENCES + 1))
+def test_the_reference_count_comes_from_the_data_within_klein_s_limit(count):
     model = _model(32)
     assert model.input_images == 0  # text-to-image until rows carry references
-    for count in range(MAX_REFERENCES + 1):
-        model.check_input_images(count, "data/train.jsonl")
-        assert model.input_images == count
+    model.check_input_images(count, "data/train.jsonl")
+    assert model.input_images == count
+    model.check_input_images(count, "data/train.jsonl")  # the same count again (the held-out rows)
+    other = count + 1 if count < MAX_REFERENCES else count - 1
+    with pytest.raises(ModelLoadError, match=rf"data/train\.jsonl: the rows carry {other} reference images each "
+                                             rf"where others carry {count}; FLUX\.2 klein takes as many with every "
+                                             "prompt of a run"):
+        model.check_input_images(other, "data/train.jsonl")
+
+
+def test_too_many_references_are_refused_naming_klein_s_limit():
+    model = _model(32)
     with pytest.raises(ModelLoadError, match=rf"data/train\.jsonl: the rows carry {MAX_REFERENCES + 1} reference "
                                              rf"images each, but FLUX\.2 klein takes at most {MAX_REFERENCES}"):
         model.check_input_images(MAX_REFERENCES + 1, "data/train.jsonl")
+    assert model.input_images == 0
     # without images the embedding is the text alone (the shared CFG negative), as before references existed
     assert set(model.encode_prompts(["a cat"]).tensors) == {"prompt_embeds"}
 
