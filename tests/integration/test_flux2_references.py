@@ -191,3 +191,25 @@ def test_the_pipeline_call_takes_one_set_of_references_for_all_its_prompts():
     assert "image" not in model.pipeline_inputs(["a cat"], G, [[]])
     with pytest.raises(ValueError, match="call it once per prompt when their references differ"):
         model.pipeline_inputs(["a cat", "a dog"], G, [[a], [b]])
+
+
+def test_the_edit_recipe_gives_a_valid_rayjob_for_a_gpu_pool():
+    import sys
+
+    from components.launch.kubernetes.rayjob_manifest import build_rayjob
+    from components.trainer.loop import check_world_size
+    from pipeline.config import CONFIG_DIR, load_config
+
+    sys.path.insert(0, str(CONFIG_DIR.parents[1] / "tests"))
+    import rayjob_schema
+
+    config = load_config(CONFIG_DIR / "flux2-klein-edit.yaml")
+    manifest = build_rayjob(config, run_id="run-1", output="s3://flowgrpo/runs/t", parent_run_id=None)
+    assert rayjob_schema.errors(manifest) == []
+    (group,) = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert str(limits["nvidia.com/gpu"]) == "1" and group["replicas"] == 8
+    assert config.model.kind == "diffusers" and config.model.dtype == "bfloat16"
+    # the base model guides, in training too, as Flow-Factory's klein-base recipe
+    assert config.sampling.guidance_scale == 4.0 and config.train.train_cfg
+    check_world_size(config, config.cluster.workers.training_workers)  # the global batch shards evenly

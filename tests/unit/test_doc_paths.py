@@ -60,6 +60,7 @@ UPSTREAM |= {"advantage_weighted_matching/scripts/train_sd3_awm.py", "config/dgx
 UPSTREAM |= {"scripts/train_sd3_dpo.py", "config/dpo.py", "src/flow_factory/trainers/rl/dpo.py",  # online DPO
              "src/flow_factory/hparams/training_args/dpo.py",
              "examples/dpo_trainer/qwen_image/run_qwen_image_online_dpo_lora.sh"}
+UPSTREAM |= {"examples/grpo/lora/flux2_klein_base/default.yaml"}  # FLUX.2 klein with references
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
