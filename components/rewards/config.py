@@ -93,7 +93,8 @@ BUILTIN: dict[str, Builtin] = {
                          "LAION aesthetic MLP on the unit-norm CLIP image embedding (about 1-10)"),
     "vlm_judge": Builtin("components.rewards.vlm_judge:VLMJudge", VLMJudgeArgs,
                          "an OpenAI-compatible VLM (vLLM) as judge: Yes/No logprobs, a numeric score, or an OCR "
-                         "transcription"),
+                         "transcription; with `with_inputs`, whether an edit followed its instruction (input and "
+                         "result in one request)"),
     "rank": Builtin("components.rewards.rank:Rank", RankArgs,
                     "groupwise: the rank of a wrapped pointwise reward within its prompt group, "
                     "argsort(argsort(s)) / K"),
