@@ -252,6 +252,23 @@ def real_shape_pipeline(family: str, config: ExperimentConfig, *, cpu: bool) -> 
     return real_shapes.BUILDERS[family](device="cpu", dtype=getattr(torch, config.model.dtype), **kwargs)
 
 
+def _input_rows(folder: Path, prompts: list[str], count: int, resolution: int) -> Path:
+    """A JSONL of ``prompts``, each with ``count`` input images (random PNGs of ``resolution`` px): an editing
+    recipe's rows, whose inputs join every forward."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        names = [f"input{i}_{k}.png" for k in range(count)]
+        for name in names:
+            Image.fromarray(rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8)).save(folder / name)
+        rows.append(json.dumps({"prompt": prompt, "images": names}) + "\n")
+    (folder / "rows.jsonl").write_text("".join(rows))
+    return folder / "rows.jsonl"
+
+
 def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str, float]:
     """One worker's epoch of the family's recipe through the trainer; peak memory of each of its phases
     (``<phase>_above_start_mib`` on a CPU, ``<phase>_peak_gib`` on a GPU; phases: see ``loop.PhaseScope``)."""
@@ -260,17 +277,23 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     from components.trainer.loop import Trainer
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
-    config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))
     probe = RssProbe() if cpu else CudaProbe()
     figures: dict[str, float] = {}
-    pipeline = real_shape_pipeline(family, config, cpu=cpu)
     with tempfile.TemporaryDirectory() as tmp:
+        overrides = _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload)
+        if FAMILY_RECIPE[family] in INPUT_IMAGES:  # an editing recipe: its rows carry their input images
+            plain = load_config(recipe, overrides)
+            rows = _input_rows(Path(tmp), plain.data.prompts or [], INPUT_IMAGES[FAMILY_RECIPE[family]],
+                               plain.model.resolution)
+            overrides += ["data.prompts=null", f"data.path={rows}"]
+        config = load_config(recipe, overrides)
+        pipeline = real_shape_pipeline(family, config, cpu=cpu)
         with probe.phase(figures, "start"):  # encode (offload), place the model
             trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline,
                               phase_scope=lambda phase: probe.phase(figures, phase))
         trainer.run_epoch()
-    # the text lengths the run used, for the estimate of the same shape
-    figures["text_tokens"] = trainer.prompts(config.data.prompts[:1]).tensors["prompt_embeds"].shape[1]
+        # the text lengths the run used, for the estimate of the same shape
+        figures["text_tokens"] = trainer.prompts(trainer.rows[:1]).tensors["prompt_embeds"].shape[1]
     figures["negative_tokens"] = trainer.model.negative_embeddings().tensors["prompt_embeds"].shape[1]
     return figures
 
