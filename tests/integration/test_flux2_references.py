@@ -213,3 +213,42 @@ def test_the_edit_recipe_gives_a_valid_rayjob_for_a_gpu_pool():
     # the base model guides, in training too, as Flow-Factory's klein-base recipe
     assert config.sampling.guidance_scale == 4.0 and config.train.train_cfg
     check_world_size(config, config.cluster.workers.training_workers)  # the global batch shards evenly
+
+
+def _edit_rows(folder) -> str:
+    """Rows of an edit instruction and one input scene (a coloured square on grey, PNG) each, as a JSONL."""
+    import json
+
+    rng = np.random.default_rng(0)
+    instructions = ["make the square red", "remove the square", "add a green circle", "make the square blue"]
+    rows = []
+    for i in range(16):
+        scene = np.full((48, 48, 3), 90, dtype=np.uint8)
+        x, y = rng.integers(4, 28, 2)
+        scene[y:y + 16, x:x + 16] = rng.integers(0, 256, 3)
+        Image.fromarray(scene).save(folder / f"scene{i}.png")
+        rows.append(json.dumps({"prompt": instructions[i % 4], "images": [f"scene{i}.png"]}) + "\n")
+    (folder / "rows.jsonl").write_text("".join(rows))
+    return str(folder / "rows.jsonl")
+
+
+@pytest.mark.slow
+def test_the_tiny_edit_config_learns_with_references(tmp_path):
+    """tiny-flux2-edit-cpu.yaml, every row with one input scene: the tiny-family criterion (last-3-epoch mean over
+    the first epoch's mean + half its std) in half the config's epochs, every forward carrying the references."""
+    import json
+
+    from components.dataset.prepare import BUILTIN_DIR
+    from components.trainer.loop import Trainer
+    from pipeline.config import CONFIG_DIR, load_config
+
+    path = CONFIG_DIR / "tiny-flux2-edit-cpu.yaml"
+    overrides = [f"train.epochs={load_config(path).train.epochs // 2}", "tracking.sample_every=0"]
+    if not (BUILTIN_DIR / "shapes-edit.jsonl").exists():  # the config's built-in set, until it ships
+        overrides.append(f"data.path={_edit_rows(tmp_path)}")
+    trainer = Trainer(load_config(path, overrides), tmp_path / "run", log=lambda _m: None)
+    trainer.fit()
+    assert trainer.model.input_images == 1  # the rows' references reached the model
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
+    assert sum(last3) / 3 > first["reward/mean"] + first["reward/std"] / 2, (first, last3)
