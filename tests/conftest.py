@@ -37,6 +37,7 @@ SLOWEST_FIRST = [
     "tests/integration/test_dpo_training.py", "tests/integration/test_awm_training.py",
     "tests/integration/test_mix_grpo_training.py", "tests/integration/test_dance_sde_training.py",
     "tests/integration/test_flux_kontext.py",
+    "tests/integration/test_flux2_references.py",
     *PER_TEST_FILES,  # then the benchmark smoke runs (1-3 min each), then the rest in collection order
 ]
 

@@ -79,6 +79,7 @@ FAMILIES: dict[str, Family] = {
     "wan21-1.3b": Family(226, 226),  # every prompt, the empty negative too, padded to the UMT5 length
     "flux1-kontext": Family(128, 0),  # FLUX.1-dev's; the input image's tokens are in the embedding (fake_embeds)
     "wan21-i2v-14b": Family(226, 226),
+    "flux2-klein-base": Family(512, 512),  # as the distilled klein
 }
 
 
@@ -242,11 +243,17 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
 
 
 def fake_rollout(model: FlowMatchingModel, mode: FakeTensorMode, prompts: int, batch: int, resolution: int,
-                 text_tokens: int) -> Rollout:
+                 text_tokens: int, input_images: int = 0) -> Rollout:
     """A rollout of ``batch`` samples with one stored step, one prompt each; the latents, log-probs and
-    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers)."""
+    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers). With
+    ``input_images``, each prompt's embedding carries what the adapter's ``encode_input_images`` derives from that
+    many input images at ``resolution`` (run on the fake VAE: their shapes, as the trainer's forwards see them)."""
+    embeds = fake_embeds(model, mode, prompts, text_tokens, resolution)
+    if input_images:  # FLUX.2 klein's references, as many as the recipe's rows carry
+        pixels = _empty(mode, (prompts, input_images, 3, resolution, resolution))
+        embeds = PromptEmbeddings({**embeds.tensors, **model.encode_input_images(pixels)})
     return Rollout(
-        prompts=[""] * prompts, embeds=fake_embeds(model, mode, prompts, text_tokens, resolution),
+        prompts=[""] * prompts, embeds=embeds,
         prompt_index=torch.arange(batch), sigmas=torch.tensor([SIGMA]), sigmas_next=torch.tensor([SIGMA_NEXT]),
         trajectory=_empty(mode, (batch, 2, *model.latent_shape(resolution))), log_probs=_empty(mode, (batch, 1)),
         images=np.zeros((batch, 0, 0, 3), dtype=np.uint8),
@@ -299,6 +306,7 @@ class Workload:
     checkpointing: bool
     beta: float
     num_frames: int = 1
+    input_images: int = 0  # per prompt (editing): what the adapter derives from them joins every forward
 
     def sampler(self) -> SamplerSettings:
         """One SDE step, stored for training; the sampling scale only when it guides."""
@@ -367,7 +375,7 @@ def _activations(model: FlowMatchingModel, mode: FakeTensorMode, work: Workload)
     # what negative_embeddings() caches
     model._negative = fake_embeds(model, mode, 1, work.negative_tokens, images=False)
     rollout = fake_rollout(model, mode, max(work.sample_batch, work.train_batch), work.train_batch,
-                           work.resolution, work.text_tokens)
+                           work.resolution, work.text_tokens, work.input_images)
     settings = work.sampler()
     live = LiveBytes()
     for t in _resident(model, rollout):
@@ -430,6 +438,7 @@ def estimate(
     gradient_checkpointing: bool = False, offload_text_encoders: bool = False, shard_world: int = 1,
     beta: float = 0.0, dtype: torch.dtype = torch.bfloat16, lora_dtype: torch.dtype = torch.float32,
     text_layers: int | None = None, transformer_layers: int | None = None, num_frames: int = 1,
+    input_images: int = 0,
 ) -> dict[str, float]:
     """Peak memory of one worker in GiB (``*_gib`` keys), by item and phase, plus the rows of each forward.
 
@@ -442,14 +451,16 @@ def estimate(
     is held). ``lora_dtype``: the trainer's float32, with which peft casts each adapted layer's input to float32
     (copies the backward keeps). ``text_layers``: text encoders of that depth (as in a measured run that reduced
     them) instead of their real size; ``transformer_layers``: that many blocks (a reduced run) instead of all.
-    ``num_frames``: frames per video of a video family (Wan).
+    ``num_frames``: frames per video of a video family (Wan). ``input_images``: input images per prompt at
+    ``resolution`` (editing; FLUX.2 klein's references lengthen every forward's sequence).
     ``steady_peak_gib``: sampling or training; ``peak_gib``: encoding too.
     The fake-tensor pass is cached, so variants that differ only in sharding, offload or text encoders are free.
     """
     spec = FAMILIES[family]
     work = Workload(resolution, text_tokens or spec.text_tokens,
                     spec.negative_tokens if negative_tokens is None else negative_tokens,
-                    sample_batch, sample_cfg, train_batch, train_cfg, gradient_checkpointing, beta, num_frames)
+                    sample_batch, sample_cfg, train_batch, train_cfg, gradient_checkpointing, beta, num_frames,
+                    input_images)
     weights, lora, act = _fake_pass(family, LoRA(lora_rank, lora_alpha, tuple(lora_targets), lora_dtype), work,
                                     dtype, transformer_layers)
     figures = _phases(weights, lora, act, text_encoder_bytes(family, dtype, text_layers), vae_bytes(family, dtype),

@@ -66,7 +66,9 @@ from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 from components.models.tiny_zimage import zimage_tokenizer
 
 FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b",
-            "flux1-kontext", "wan21-i2v-14b")
+            "flux1-kontext", "wan21-i2v-14b", "flux2-klein-base")
+# FLUX.2-klein-base-4B: the distilled 4B's shapes, guided with CFG (is_distilled false in its model_index.json)
+KLEIN_SHAPES = ("flux2-klein", "flux2-klein-base")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -320,7 +322,7 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
     if family == "qwen-image":
         return {**QWEN_IMAGE_TRANSFORMER, "num_layers": _depth(QWEN_IMAGE_TRANSFORMER["num_layers"],
                                                                transformer_layers)}
-    if family == "flux2-klein":
+    if family in KLEIN_SHAPES:
         double, single = _flux_blocks(transformer_layers, FLUX2_KLEIN_4B_TRANSFORMER)
         return {**FLUX2_KLEIN_4B_TRANSFORMER, "num_layers": double, "num_single_layers": single}
     if family == "wan21-1.3b":
@@ -338,7 +340,7 @@ _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3T
                         "flux1-dev": FluxTransformer2DModel, "flux1-kontext": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
                         "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel,
-                        "wan21-i2v-14b": WanTransformer3DModel}
+                        "wan21-i2v-14b": WanTransformer3DModel, "flux2-klein-base": Flux2Transformer2DModel}
 
 
 def build_transformer(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
@@ -357,7 +359,7 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
     with _building(device, seed):
         if family == "qwen-image":
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
-        elif family == "flux2-klein":
+        elif family in KLEIN_SHAPES:
             vae = AutoencoderKLFlux2()
         elif family in ("wan21-1.3b", "wan21-i2v-14b"):
             vae = AutoencoderKLWan()
@@ -433,16 +435,16 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
 
 def flux2_klein(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
                 transformer_layers: int | None = None, max_sequence_length: int = 512,
-                seed: int = 0) -> Flux2KleinPipeline:
+                seed: int = 0, is_distilled: bool = True) -> Flux2KleinPipeline:
     """A ``Flux2KleinPipeline`` shaped like FLUX.2 [klein] 4B, step-distilled (5 double + 20 single blocks, the
     FLUX.2 VAE, Qwen3-4B, whose depth stays at least ``KLEIN_TEXT_LAYERS``). The tokenizer is the tiny klein one,
-    every prompt padded to ``max_sequence_length`` tokens.
+    every prompt padded to ``max_sequence_length`` tokens. ``is_distilled`` false: klein base 4B (CFG).
 
     ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
     """
     return _qwen3_pipeline("flux2-klein", Flux2KleinPipeline, klein_tokenizer(), qwen3_text_encoder,
                            FLUX1_DEV_SCHEDULER, _device(device), dtype, text_layers, transformer_layers,
-                           max_sequence_length, seed, is_distilled=True)
+                           max_sequence_length, seed, is_distilled=is_distilled)
 
 
 def zimage_text_encoder(layers: int | None, vocab_size: int, pad_token_id: int | None = None,
@@ -529,7 +531,8 @@ BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image,
                                               "flux2-klein": flux2_klein, "z-image": z_image,
                                               "wan21-1.3b": wan21_1_3b, "wan21-i2v-14b": wan21_i2v_14b,
-                                              "flux1-kontext": partial(flux1_dev, pipeline_class=FluxKontextPipeline)}
+                                              "flux1-kontext": partial(flux1_dev, pipeline_class=FluxKontextPipeline),
+                                              "flux2-klein-base": partial(flux2_klein, is_distilled=False)}
 
 
 # --- real sizes, from meta builds ---
@@ -637,7 +640,7 @@ def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[st
               "flux1-dev": flux1_dev_text_encoders, "flux1-kontext": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
               "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders,
-              "wan21-i2v-14b": wan21_i2v_encoders}
+              "wan21-i2v-14b": wan21_i2v_encoders, "flux2-klein-base": flux2_klein_text_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return counts[family](layers)
