@@ -22,7 +22,8 @@ DEFAULT_PROMPTS = [
 
 # The prompt sets shipped in components/dataset/builtin/ and the row check each gets (prepare.py)
 BUILTIN_KINDS: dict[str, Literal["ocr", "generic"]] = {"ocr": "ocr", "aesthetic": "generic",
-                                                       "compositional": "generic", "shapes": "generic"}
+                                                       "compositional": "generic", "shapes": "generic",
+                                                       "shapes-edit": "generic"}
 
 
 class DataConfig(Section):

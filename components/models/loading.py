@@ -39,6 +39,7 @@ PIPELINES = {
     "ZImagePipeline": ("components.models.zimage", "ZImageModel"),
     "Flux2KleinPipeline": ("components.models.flux2", "Flux2KleinModel"),
     "WanPipeline": ("components.models.wan", "WanModel"),
+    "WanImageToVideoPipeline": ("components.models.wan_i2v", "WanImageToVideoModel"),
 }
 TINY = {
     "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
@@ -49,7 +50,9 @@ TINY = {
     "tiny-zimage": ("components.models.tiny_zimage", "build_tiny_zimage"),
     "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),
     "tiny-wan": ("components.models.tiny_wan", "build_tiny_wan"),
+    "tiny-wan-i2v": ("components.models.tiny_wan_i2v", "build_tiny_wan_i2v"),
     "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
+    "shapes-kontext": ("components.models.shapes_kontext", "load_shapes_kontext"),
 }
 
 

@@ -240,7 +240,7 @@ async def readyz(service: Service) -> dict[str, Any]:
 async def list_rewards(service: Service) -> RewardsResponse:
     rewards = service.ready()
     return RewardsResponse(rewards=[
-        RewardInfo(key=k, name=rewards.specs[k].name, kind=r.kind, weight=rewards.weights[k])
+        RewardInfo(key=k, name=rewards.specs[k].name, kind=r.kind, weight=rewards.weights[k], inputs=r.inputs)
         for k, r in rewards.rewards.items()
     ])
 

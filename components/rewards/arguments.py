@@ -32,6 +32,18 @@ class GenEvalShapesArgs(Section):
                                      description="coloured regions under this fraction of the image are specks")
 
 
+class ShapesEditArgs(GenEvalShapesArgs):
+    mode: GenEvalMode = Field(default="partial", description="`partial`: the edited cell's multiset Jaccard times "
+                                                             "the other cells'; `strict`: 1 when the image holds "
+                                                             "exactly the target scene, cell by cell, else 0")
+
+
+class EditConsistencyArgs(Section):
+    margin: float = Field(default=0.0, ge=0, lt=0.5,
+                          description="widen metadata.edit_box by this fraction of the image side on every edge "
+                                      "before leaving it out (room for an edit that spills over its box)")
+
+
 class OcrArgs(Section):
     min_confidence: float = Field(default=0.5, ge=0, le=1,
                                   description="text boxes recognised with a lower confidence are ignored")
@@ -77,7 +89,13 @@ class VLMJudgeArgs(Section):
                                                           "the reply's number mapped from [score_min, score_max] to "
                                                           "[0, 1]; `ocr`: the reply scored as a transcription")
     question: str | None = Field(default=None, description="the question; `{prompt}` is replaced by the sample's "
-                                                           "prompt (literal braces: `{{`, `}}`). Default: per mode")
+                                                           "prompt (literal braces: `{{`, `}}`). Default: per mode "
+                                                           "(and per `with_inputs`)")
+    with_inputs: bool = Field(default=False, description="judge an edit: each request carries the sample's input "
+                              "image(s) first and the result last, in one message (1 + N images a request: the "
+                              "server's --limit-mm-per-prompt must allow them), and the default question asks "
+                              "whether the instruction `{prompt}` was followed with nothing else changed; a sample "
+                              "without input images fails. `yes_no` and `score` only")
     score_min: float = Field(default=0.0, description="the low end of `score` mode's scale")
     score_max: float = Field(default=10.0, description="the high end of `score` mode's scale")
     max_tokens: int | None = Field(default=None, ge=1, description="reply length cap of `score` (default "
@@ -129,6 +147,10 @@ class VLMJudgeArgs(Section):
     def _consistent(self) -> VLMJudgeArgs:
         if self.score_min >= self.score_max:
             raise ValueError(f"score_min ({self.score_min:g}) must be below score_max ({self.score_max:g})")
+        if self.with_inputs and self.mode == "ocr":
+            raise ValueError("with_inputs judges an edit against its input; ocr mode transcribes the result alone, "
+                             "so the input would only cost an image a request: use mode yes_no or score, or leave "
+                             "with_inputs unset")
         if self.mode == "yes_no" and self.max_tokens not in (None, 1):
             raise ValueError(f"yes_no mode reads the first token only; max_tokens must be unset, got "
                              f"{self.max_tokens}")

@@ -22,7 +22,7 @@ from components.rewards.base import Inputs, RewardOutput
 from components.rewards.codec import encode_png_b64, encode_raw_b64
 from components.rewards.config import RewardServerConfig, RewardSpec
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
-from components.rewards.wire import RawPixels, RewardsResponse, ScoreRequest, ScoreResponse
+from components.rewards.wire import RawPixels, RewardInfo, RewardsResponse, ScoreRequest, ScoreResponse
 
 # httpx logs every request at INFO; under a runner that turns INFO on (KFP's executor, Ray workers) that is one
 # line per sampled batch. Failures are reported by this client itself.
@@ -58,7 +58,8 @@ class RemoteRewardSet:
             self.close()
             raise RewardError(f"reward server {self.url} does not serve {', '.join(missing)}; "
                               f"it serves {', '.join(sorted(served)) or 'nothing'}")
-        self.groupwise = {k for k in self.weights if served[k] == "groupwise"}
+        self.groupwise = {k for k in self.weights if served[k].kind == "groupwise"}
+        self.takes_inputs = {k for k in self.weights if served[k].inputs}  # the others are sent no input images
 
     def _run(self, coro: Awaitable[Any]) -> Any:
         """Run ``coro`` on the client's loop and wait for it. ``close`` cancels whatever is still running, so a
@@ -121,16 +122,16 @@ class RemoteRewardSet:
             raise RewardError(f"reward server {url} answered {response.status_code}: {response.text[:EXCERPT]}")
         return response
 
-    async def _served(self) -> dict[str, str]:
+    async def _served(self) -> dict[str, RewardInfo]:
         response = await self._send("GET", "/v1/rewards")
-        return {r.key: r.kind for r in RewardsResponse.model_validate_json(response.content).rewards}
+        return {r.key: r for r in RewardsResponse.model_validate_json(response.content).rewards}
 
     def score(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
               group_ids: Sequence[int], keys: Sequence[str], inputs: Inputs | None = None) -> dict[str, RewardOutput]:
         # Raw pixels: lossless and far cheaper than PNG; encoded in the calling (scoring) thread.
         pixels = RawPixels(shape=images.shape, data=encode_raw_b64(images))
         request = ScoreRequest(prompts=prompts, pixels=pixels, metadata=metadata, group_ids=list(group_ids),
-                               rewards=list(keys), **_input_fields(inputs))
+                               rewards=list(keys), **_input_fields(inputs if self.takes_inputs & set(keys) else None))
         response = self._run(self._send("POST", "/v1/score", content=request.model_dump_json(),
                                         headers={"content-type": "application/json"}))
         results = ScoreResponse.model_validate_json(response.content).results

@@ -9,7 +9,16 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from components.config_base import Section
-from components.rewards.arguments import AestheticArgs, ClipArgs, GenEvalShapesArgs, NoArgs, OcrArgs, VLMJudgeArgs
+from components.rewards.arguments import (
+    AestheticArgs,
+    ClipArgs,
+    EditConsistencyArgs,
+    GenEvalShapesArgs,
+    NoArgs,
+    OcrArgs,
+    ShapesEditArgs,
+    VLMJudgeArgs,
+)
 
 Aggregation = Literal["sum", "gdpo"]
 FrameAggregation = Literal["mean", "min"]
@@ -78,6 +87,12 @@ BUILTIN: dict[str, Builtin] = {
     "geneval_shapes": Builtin("components.rewards.geneval_shapes:GenEvalShapes", GenEvalShapesArgs,
                               "GenEval for the shapes world: are the objects, counts and colours of the prompt in "
                               "the image"),
+    "shapes_edit": Builtin("components.rewards.shapes_edit:ShapesEdit", ShapesEditArgs,
+                           "the shapes editing demo: was the instruction's edit made and nothing else changed "
+                           "(the objects found per grid cell against the target scene of metadata.scene)"),
+    "edit_consistency": Builtin("components.rewards.edit_consistency:EditConsistency", EditConsistencyArgs,
+                                "sees the input image: 1 - the mean absolute pixel difference between the result "
+                                "and the input outside metadata.edit_box (the whole image without one)"),
     "jpeg_compressibility": Builtin("components.rewards.jpeg:JpegCompressibility", NoArgs,
                                     "-(size of the JPEG at quality 95 in kB) / 500: simpler images score higher"),
     "jpeg_incompressibility": Builtin("components.rewards.jpeg:JpegIncompressibility", NoArgs,
@@ -93,7 +108,8 @@ BUILTIN: dict[str, Builtin] = {
                          "LAION aesthetic MLP on the unit-norm CLIP image embedding (about 1-10)"),
     "vlm_judge": Builtin("components.rewards.vlm_judge:VLMJudge", VLMJudgeArgs,
                          "an OpenAI-compatible VLM (vLLM) as judge: Yes/No logprobs, a numeric score, or an OCR "
-                         "transcription"),
+                         "transcription; with `with_inputs`, whether an edit followed its instruction (input and "
+                         "result in one request)"),
     "rank": Builtin("components.rewards.rank:Rank", RankArgs,
                     "groupwise: the rank of a wrapped pointwise reward within its prompt group, "
                     "argsort(argsort(s)) / K"),

@@ -91,32 +91,57 @@ def _outline(shape: str, x: float, y: float, size: float) -> list[tuple[float, f
     return [(x, y), (x + size, y + size)]
 
 
-def draw_scene(groups: list[Group], rng: np.random.Generator, resolution: int,
-               supersample: int = 4) -> np.ndarray:
-    """An RGB uint8 image of ``groups``: each object in its own cell of a 2 x 2 grid, centred in it within
-    ``JITTER`` of the side, the cells chosen at random.
+@dataclass(frozen=True)
+class PlacedObject:
+    """One object of a drawn scene: its grid cell (0-3, reading order) and its box (left, top, side) in pixels."""
 
-    One object per cell keeps objects apart (the reward counts connected regions) and makes layouts few
-    enough for a small model to learn in minutes. Drawn at ``supersample`` times the size and downscaled, so
-    edges are anti-aliased like a real image's.
-    """
+    colour: str
+    shape: str
+    cell: int
+    x: float
+    y: float
+    size: float
+
+
+def place_objects(groups: list[Group], rng: np.random.Generator, resolution: int) -> list[PlacedObject]:
+    """Where ``draw_scene`` draws ``groups``: each object in its own cell of a 2 x 2 grid, centred in it within
+    ``JITTER`` of the side, the cells chosen at random."""
     objects = [g for g in groups for _ in range(g.count)]
     if len(objects) > MAX_OBJECTS:  # the grid has no cell for more; dropping them would draw a wrong scene
         raise ValueError(f"{prompt_text(groups)!r} has {len(objects)} objects; a scene holds at most {MAX_OBJECTS}")
     cell, jitter = resolution / 2, resolution * JITTER
-    big = Image.new("RGB", (resolution * supersample,) * 2, BACKGROUND)
-    draw = ImageDraw.Draw(big)
+    placed = []
     for group, slot in zip(objects, rng.permutation(MAX_OBJECTS), strict=False):
         size = resolution * rng.uniform(0.26, 0.34)
         margin = (cell - size) / 2
         x = (slot % 2) * cell + margin + rng.uniform(-jitter, jitter)
         y = (slot // 2) * cell + margin + rng.uniform(-jitter, jitter)
-        points = [(px * supersample, py * supersample) for px, py in _outline(group.shape, x, y, size)]
-        fill = COLOURS[group.colour]
-        if group.shape == "circle":
+        placed.append(PlacedObject(group.colour, group.shape, int(slot), x, y, size))
+    return placed
+
+
+def draw_objects(objects: list[PlacedObject], resolution: int, supersample: int = 4) -> np.ndarray:
+    """An RGB uint8 image of ``objects`` on white. Drawn at ``supersample`` times the size and downscaled, so
+    edges are anti-aliased like a real image's."""
+    big = Image.new("RGB", (resolution * supersample,) * 2, BACKGROUND)
+    draw = ImageDraw.Draw(big)
+    for obj in objects:
+        points = [(px * supersample, py * supersample) for px, py in _outline(obj.shape, obj.x, obj.y, obj.size)]
+        fill = COLOURS[obj.colour]
+        if obj.shape == "circle":
             draw.ellipse(points, fill=fill)
-        elif group.shape == "square":
+        elif obj.shape == "square":
             draw.rectangle(points, fill=fill)
         else:
             draw.polygon(points, fill=fill)
     return np.asarray(big.resize((resolution, resolution), Image.Resampling.BOX))
+
+
+def draw_scene(groups: list[Group], rng: np.random.Generator, resolution: int,
+               supersample: int = 4) -> np.ndarray:
+    """An RGB uint8 image of ``groups`` placed by ``place_objects``.
+
+    One object per cell keeps objects apart (the reward counts connected regions) and makes layouts few
+    enough for a small model to learn in minutes.
+    """
+    return draw_objects(place_objects(groups, rng, resolution), resolution, supersample)

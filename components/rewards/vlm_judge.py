@@ -6,6 +6,9 @@ Modes:
 - ``score``: the first number in the reply, normalised from ``[score_min, score_max]`` to [0, 1].
 - ``ocr``: the reply is a transcription, scored with the ``ocr`` reward's text formula.
 
+With ``with_inputs`` the judge scores an edit (instruction following): each request carries the sample's
+input image(s) first, then the result, then the question, and the reward asks for inputs (``inputs = True``).
+
 Each sample is its own request: a failing request (after retries where retrying can help) fails only
 its sample, recorded in ``RewardOutput.errors`` with a NaN score.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,7 +27,7 @@ import numpy as np
 
 from components import environ
 from components.rewards.arguments import DEFAULT_MAX_TOKENS, VLMJudgeArgs
-from components.rewards.base import Reward, RewardOutput
+from components.rewards.base import Inputs, Reward, RewardOutput
 from components.rewards.codec import encode_png_b64
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.text_match import ocr_score, target_text
@@ -38,8 +42,17 @@ class JudgeError(Exception):
     """One sample's request or reply could not be turned into a score."""
 
 
-def default_question(mode: str, score_min: float = 0.0, score_max: float = 10.0) -> str:
-    """The question template used when none is configured."""
+# The images come in the order the question names them: the input(s), then the result last.
+_EDIT = 'The last image is the result of editing the image(s) before it with the instruction "{prompt}". '
+
+
+def default_question(mode: str, score_min: float = 0.0, score_max: float = 10.0, with_inputs: bool = False) -> str:
+    """The question template used when none is configured (``with_inputs``: the one for edits)."""
+    if with_inputs and mode == "yes_no":
+        return _EDIT + "Was the instruction followed, with nothing else changed? Answer Yes or No."
+    if with_inputs:
+        return (_EDIT + f"How well was the instruction followed, with nothing else changed? Rate it from "
+                f"{score_min:g} (not at all) to {score_max:g} (perfectly). Reply with the number only.")
     if mode == "yes_no":
         return 'Does this image match the description "{prompt}"? Answer Yes or No.'
     if mode == "score":
@@ -140,8 +153,10 @@ class VLMJudge(Reward):
         self.base_url = args.base_url.rstrip("/")
         self.model = args.model
         self.mode = args.mode
-        self.question = default_question(args.mode, args.score_min, args.score_max) if args.question is None \
-            else args.question
+        # Per instance, shadowing Reward.inputs: scoring and the reward server read it from the reward object.
+        self.inputs = args.with_inputs
+        self.question = default_question(args.mode, args.score_min, args.score_max, args.with_inputs) \
+            if args.question is None else args.question
         self.score_min, self.score_max = args.score_min, args.score_max
         self.max_tokens = 1 if args.mode == "yes_no" else (
             DEFAULT_MAX_TOKENS[args.mode] if args.max_tokens is None else args.max_tokens)
@@ -150,12 +165,10 @@ class VLMJudge(Reward):
         self.retries = args.retries
         self.timeout_s, self.backoff_s = args.timeout_s, args.backoff_s
 
-    def request_body(self, image: np.ndarray, prompt: str) -> dict[str, Any]:
-        """The chat-completions request sent for one sample."""
-        content = [
-            {"type": "image_url", "image_url": {"url": png_data_url(image)}},
-            {"type": "text", "text": self.question.format(prompt=prompt)},
-        ]
+    def request_body(self, image: np.ndarray, prompt: str, inputs: Sequence[np.ndarray] = ()) -> dict[str, Any]:
+        """The chat-completions request sent for one sample: its input images (edits), the image, the question."""
+        content = [{"type": "image_url", "image_url": {"url": png_data_url(picture)}} for picture in (*inputs, image)]
+        content.append({"type": "text", "text": self.question.format(prompt=prompt)})
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],
@@ -193,17 +206,22 @@ class VLMJudge(Reward):
         except ValueError as exc:
             raise JudgeError(f"response is not JSON: {response.text[:_EXCERPT]!r}") from exc
 
-    async def _score_all(self, images: np.ndarray, prompts: list[str],
-                         metadata: list[dict[str, Any]]) -> list[tuple[float, str | None, str | None]]:
+    async def _score_all(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                         inputs: Inputs) -> list[tuple[float, str | None, str | None]]:
         limit = asyncio.Semaphore(self.max_concurrency)
         key = environ.named_by_user(self.api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         pool = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
 
-        async def one(image: np.ndarray, prompt: str, meta: dict[str, Any]) -> tuple[float, str | None, str | None]:
+        async def one(image: np.ndarray, prompt: str, meta: dict[str, Any],
+                      given: list[np.ndarray]) -> tuple[float, str | None, str | None]:
             text = None  # kept when the reply came back but could not be scored, to show what it was
             try:
-                choice, text = _first_choice(await self._post(client, limit, self.request_body(image, prompt)))
+                if self.inputs and not given:
+                    raise JudgeError("with_inputs judges an edit against its input image(s), but this sample came "
+                                     "with none (give the dataset rows `images`)")
+                body = self.request_body(image, prompt, given)
+                choice, text = _first_choice(await self._post(client, limit, body))
                 return self._score(choice, text, prompt, meta), text, None
             except Exception as exc:  # a judge failure is data, recorded per sample
                 message = str(exc) if isinstance(exc, JudgeError) else f"{type(exc).__name__}: {exc}"
@@ -212,13 +230,21 @@ class VLMJudge(Reward):
         # asyncio.timeout in _post bounds each attempt; httpx's own timeout is only a backstop.
         async with httpx.AsyncClient(base_url=self.base_url + "/", headers=headers, limits=pool,
                                      timeout=self.timeout_s + 1) as client:
-            return await asyncio.gather(*(one(i, p, m) for i, p, m in zip(images, prompts, metadata, strict=True)))
+            return await asyncio.gather(*(one(*sample) for sample in zip(images, prompts, metadata, inputs,
+                                                                           strict=True)))
 
-    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]]) -> RewardOutput:
-        if not len(images) == len(prompts) == len(metadata):
-            raise ValueError(f"vlm_judge: {len(images)} images, {len(prompts)} prompts and {len(metadata)} "
-                             "metadata entries; expected one of each per sample")
-        results = _run(self._score_all(images, prompts, metadata))
+    def __call__(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
+                 inputs: Inputs | None = None) -> RewardOutput:
+        """Scores per sample; ``inputs`` (each sample's input images) are sent only ``with_inputs``, where a
+        sample without any fails alone."""
+        counts = {"images": len(images), "prompts": len(prompts), "metadata entries": len(metadata)}
+        if inputs is not None:
+            counts["input lists"] = len(inputs)
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"vlm_judge: {', '.join(f'{n} {what}' for what, n in counts.items())}; expected one "
+                             "of each per sample")
+        given = inputs if self.inputs and inputs is not None else [[] for _ in range(len(images))]
+        results = _run(self._score_all(images, prompts, metadata, given))
         out = RewardOutput.from_scores([score for score, _, _ in results], extra={"reply": [r for _, r, _ in results]})
         out.errors = [error or other for (_, _, error), other in zip(results, out.errors, strict=True)]
         return out

@@ -65,6 +65,7 @@ class RewardInfo(BaseModel):
     name: str
     kind: Literal["pointwise", "groupwise"]
     weight: float
+    inputs: bool = Field(default=False, description="scores edits against their input images (send them)")
 
 
 class RewardsResponse(BaseModel):

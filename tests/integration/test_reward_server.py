@@ -65,7 +65,8 @@ def test_health_ready_and_reward_list(server):
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}
     assert httpx.get(f"{server}/readyz").json() == {"ready": True}
     listed = {r["key"]: r for r in httpx.get(f"{server}/v1/rewards").json()["rewards"]}
-    assert listed["brightness"] == {"key": "brightness", "name": "brightness", "kind": "pointwise", "weight": 2.0}
+    assert listed["brightness"] == {"key": "brightness", "name": "brightness", "kind": "pointwise", "weight": 2.0,
+                                    "inputs": False}
     assert listed["rank_brightness"]["kind"] == "groupwise" and listed["boom"]["name"] == "reward_fixtures:Boom"
 
 
@@ -288,7 +289,10 @@ def test_input_images_reach_the_rewards_that_ask_once_per_request_and_count_in_i
     expected = [shared.mean()] * 3 + [other.mean() + 1000]
     # 4 images + 5 inputs of 16 x 16: what /compute gets (Flow-Factory sends each sample's); the client sends 4 + 2
     with running_server(ServerSettings(rewards=specs, limits=Limits(max_request_pixels=9 * 16 * 16))) as url:
+        listed = {r["key"]: r["inputs"] for r in httpx.get(f"{url}/v1/rewards").json()["rewards"]}
+        assert listed == {"input_mean": True, "brightness": False}
         client = RemoteRewardSet(specs, RewardServerConfig(url=url))
+        assert client.takes_inputs == {"input_mean"}  # a request for brightness alone carries no input images
         try:
             out = client.score(images, list("abcd"), [{}] * 4, [0, 0, 1, 1], ["input_mean", "brightness"], inputs)
         finally:

@@ -13,7 +13,7 @@ EXPECTED = {
     "validate": CONFIG,
     "evaluate": CONFIG | {"--lora", "--output", "--metrics", "--registered-model", "--mlflow-parent-run-id"},
     "rayjob": CONFIG | {"--output", "--run-id", "--mlflow-parent-run-id"},
-    "prepare-dataset": {"--input", "--builtin", "--output", "--kind", "--test-fraction", "--seed",
+    "prepare-dataset": {"--input", "--builtin", "--output", "--kind", "--test-fraction", "--seed", "--resolution",
                         "--max-prompt-tokens"},
     "run": CONFIG | {"--local", "--workdir", "--ray-workers", "--ui-port"},
     "ui": {"--workdir", "--port"},

@@ -26,6 +26,8 @@ JUDGE = {"base_url": "http://127.0.0.1:8000/v1", "model": "judge"}
 CASES = {
     "geneval_shapes": ({}, [("min_area_fraction", {"min_area_fraction": "0.1"}),
                             ("min_area_fraction", {"min_area_fraction": 0.5})]),
+    "shapes_edit": ({}, [("mode", {"mode": 1}), ("min_area_fraction", {"min_area_fraction": -0.1})]),
+    "edit_consistency": ({}, [("margin", {"margin": "wide"}), ("margin", {"margin": 0.5})]),
     "ocr": ({}, [("use_angle_cls", {"use_angle_cls": 1}), ("min_confidence", {"min_confidence": -0.1})]),
     "clip_score": (CLIP, [("max_batch_size", {"max_batch_size": 2.0}), ("max_batch_size", {"max_batch_size": 0})]),
     "pickscore": (CLIP, [("device", {"device": 0}), ("max_batch_size", {"max_batch_size": -1})]),

@@ -1,5 +1,6 @@
 """The VLM judge against a small real HTTP server on 127.0.0.1 speaking OpenAI chat-completions JSON:
-scoring math per mode, retries, timeouts, the concurrency bound, and argument checks."""
+scoring math per mode, retries, timeouts, the concurrency bound, argument checks, and the editing judge
+(``with_inputs``: input images then the result)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from components.errors import ConfigError
 from components.rewards.arguments import VLMJudgeArgs
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward
+from components.rewards.scoring import call_reward
 from components.rewards.text_match import ocr_score
 from components.rewards.vlm_judge import VLMJudge
 from components.trainer.config import TrainingJobConfig
@@ -315,6 +317,8 @@ def test_no_api_key_sends_no_authorization(server, monkeypatch):
         ({"retries": -1}, "retries"),
         ({"retries": 1.5}, "retries"),
         ({"backoff_s": -0.1}, "backoff_s"),
+        ({"mode": "ocr", "with_inputs": True}, "with_inputs judges an edit against its input; ocr mode"),
+        ({"with_inputs": "yes"}, "with_inputs: Input should be a valid boolean"),
     ],
 )
 def test_bad_arguments_are_refused_when_the_config_loads(args, message):
@@ -329,3 +333,98 @@ def test_built_from_config_by_the_registry():
                                                               "mode": "ocr"}))
     assert isinstance(reward, VLMJudge) and (reward.mode, reward.max_tokens) == ("ocr", 128)
     assert reward.base_url == "http://127.0.0.1:1/v1" and reward.question.startswith("Transcribe")
+
+
+# --- the editing judge (with_inputs) ------------------------------------------------------------------------------
+
+def decoded_parts(request: dict[str, Any]) -> tuple[list[np.ndarray], str]:
+    """The images of a request's one user message, in order, and its text (the last part)."""
+    content = request["messages"][0]["content"]
+    assert [part["type"] for part in content] == ["image_url"] * (len(content) - 1) + ["text"]
+    pictures = [np.asarray(Image.open(io.BytesIO(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))))
+                for part in content[:-1]]
+    return pictures, content[-1]["text"]
+
+
+def edit_inputs() -> list[list[np.ndarray]]:
+    rng = np.random.default_rng(7)
+    # Sizes unlike the results' (16 x 16) and unlike each other, so a swapped or dropped image shows.
+    return [[rng.integers(0, 256, size=(12, 20, 3), dtype=np.uint8)],
+            [rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8), rng.integers(0, 256, size=(24, 10, 3),
+                                                                                  dtype=np.uint8)]]
+
+
+@pytest.mark.parametrize(("mode", "question"), [
+    ("yes_no", 'The last image is the result of editing the image(s) before it with the instruction "{}". Was the '
+               "instruction followed, with nothing else changed? Answer Yes or No."),
+    ("score", 'The last image is the result of editing the image(s) before it with the instruction "{}". How well '
+              "was the instruction followed, with nothing else changed? Rate it from 0 (not at all) to 10 "
+              "(perfectly). Reply with the number only."),
+])
+def test_with_inputs_sends_the_input_images_then_the_result_and_asks_about_the_instruction(server, mode, question):
+    top = [lp("Yes", -0.3), lp("No", -1.1)]
+    server.handler = lambda n, body: (200, reply("Yes", top) if mode == "yes_no" else reply("8"), 0.0)
+    reward = judge(server, mode=mode, with_inputs=True)
+    assert reward.inputs and not VLMJudge.inputs and not judge(server, mode=mode).inputs
+    batch, inputs = images(2), edit_inputs()
+    prompts = ["make the sky red", "put the cat from the second image on the sofa"]
+    out = reward(batch, prompts, [{}, {}], inputs=inputs)
+
+    assert out.errors == [None, None]
+    expected = sigmoid_of([math.exp(-0.3)], [math.exp(-1.1)]) if mode == "yes_no" else 0.8
+    np.testing.assert_allclose(out.scores, [expected, expected], rtol=1e-12)
+    sent = dict(decoded_parts(r)[::-1] for r in server.requests)  # question -> images
+    for i, prompt in enumerate(prompts):
+        pictures = sent[question.format(prompt)]
+        assert len(pictures) == len(inputs[i]) + 1  # 2 image parts for one input, 3 for two
+        for got, want in zip(pictures, [*inputs[i], batch[i]], strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_with_inputs_a_sample_without_input_images_fails_alone_and_sends_nothing(server):
+    server.handler = lambda n, body: (200, reply("Yes", [lp("Yes", -0.1), lp("No", -2.0)]), 0.0)
+    reward = judge(server, with_inputs=True, question="{prompt}")
+    out = reward(images(3), ["a", "b", "c"], [{}] * 3, inputs=[[images(1)[0]], [], [images(1, seed=1)[0]]])
+    assert [e is None for e in out.errors] == [True, False, True] and np.isnan(out.scores[1])
+    assert "with_inputs judges an edit against its input image(s), but this sample came with none" in out.errors[1]
+    assert sorted(decoded_parts(r)[1] for r in server.requests) == ["a", "c"]
+
+    # Through the scoring path, given no inputs at all (a dataset without images): each sample fails, no request.
+    out = call_reward(reward, images(2), ["d", "e"], [{}, {}], [0, 1])
+    assert out.failed == 2 and all("came with none" in e for e in out.errors)
+    assert len(server.requests) == 2
+
+
+def test_scoring_and_the_reward_server_send_inputs_to_the_editing_judge_only(server):
+    """``inputs`` is per judge: the trainer's scoring and the reward server hand the inputs to the editing judge
+    and leave the plain one's requests as they were (one image)."""
+    from servers import running_server
+
+    from components.reward_server.settings import ServerSettings
+    from components.rewards.client import RemoteRewardSet
+    from components.rewards.config import RewardServerConfig
+
+    server.handler = lambda n, body: (200, reply("Yes", [lp("Yes", -0.2), lp("No", -0.7)]), 0.0)
+    args = {"base_url": server.base_url, "model": "judge"}
+    specs = [RewardSpec(name="vlm_judge", label="edit", args={**args, "with_inputs": True,
+                                                              "question": "edit {prompt}"}),
+             RewardSpec(name="vlm_judge", label="plain", args={**args, "question": "plain {prompt}"})]
+    batch, inputs = images(2), edit_inputs()
+    plain = call_reward(build_reward(specs[1]), batch, ["a", "b"], [{}, {}], [0, 1], inputs=inputs)
+    assert plain.failed == 0 and [len(decoded_parts(r)[0]) for r in server.requests] == [1, 1]
+
+    server.requests.clear()
+    with running_server(ServerSettings(rewards=specs)) as url:
+        client = RemoteRewardSet(specs, RewardServerConfig(url=url))
+        try:
+            out = client.score(batch, ["a", "b"], [{}, {}], [0, 1], ["edit", "plain"], inputs)
+        finally:
+            client.close()
+    assert out["edit"].failed == out["plain"].failed == 0
+    sent = {text: pictures for pictures, text in map(decoded_parts, server.requests)}
+    assert sorted(sent) == ["edit a", "edit b", "plain a", "plain b"]
+    for i, name in enumerate("ab"):
+        for got, want in zip(sent[f"edit {name}"], [*inputs[i], batch[i]], strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert len(sent[f"plain {name}"]) == 1
+        np.testing.assert_array_equal(sent[f"plain {name}"][0], batch[i])

@@ -26,7 +26,8 @@ START_TIMEOUT_S = float(os.environ.get("FLOWGRPO_VLLM_START_TIMEOUT_S", "900"))
 WARMUP_TIMEOUT_S = 300.0
 SERVE_FLAGS = [
     "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "67108864", "--max-model-len", "1024",
-    "--max-num-seqs", "4", "--limit-mm-per-prompt", '{"image":1,"video":0}',
+    # 2 images a prompt: the editing judge (with_inputs) sends an input and a result, as production allows.
+    "--max-num-seqs", "4", "--limit-mm-per-prompt", '{"image":2,"video":0}',
 ]
 _timings: dict[str, float] = {}
 

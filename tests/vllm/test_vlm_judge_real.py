@@ -98,3 +98,40 @@ def test_unknown_model_fails_each_sample_without_retrying(vllm_server):
     reward = VLMJudge(VLMJudgeArgs(base_url=vllm_server.base_url, model="no-such-model", timeout_s=60, retries=3))
     out = reward(images(2), PROMPTS[:2], [{}] * 2)
     assert all(e is not None and "HTTP 404" in e and "gave up" not in e for e in out.errors), out.errors
+
+
+def test_the_editing_judge_sends_input_and_result_and_scores_each_edit(vllm_server):
+    reward = judge(vllm_server, mode="yes_no", with_inputs=True)
+    results = images(2)
+    rng = np.random.default_rng(1)
+    # The input is larger than the result (64 x 64) so that its image tokens differ from the result's.
+    inputs = [[rng.integers(0, 256, size=(84, 112, 3), dtype=np.uint8)] for _ in range(2)]
+    prompts = ["make the cube blue", "remove the dog"]
+    out = reward(results, prompts, [{}, {}], inputs=inputs)
+    assert out.errors == [None, None], out.errors
+    assert out.extra["reply"] == [YES_TOKEN] * 2
+    for i, prompt in enumerate(prompts):
+        raw = vllm_server.chat(reward.request_body(results[i], prompt, inputs[i]))
+        top = raw["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        yes = sum(math.exp(e["logprob"]) for e in top if e["token"].strip().lower() == "yes")
+        no = sum(math.exp(e["logprob"]) for e in top if e["token"].strip().lower() == "no")
+        assert math.isfinite(out.scores[i]) and out.scores[i] == pytest.approx(yes / (yes + no), abs=1e-5)
+
+    # The server took both images: the prompt's token count is the text's plus the input's plus the result's.
+    body = reward.request_body(results[0], prompts[0], inputs[0])
+    given, result, question = body["messages"][0]["content"]
+
+    def prompt_tokens(*parts: dict) -> int:
+        reply = vllm_server.chat({**body, "messages": [{"role": "user", "content": [*parts, question]}]})
+        return reply["usage"]["prompt_tokens"]
+
+    text = prompt_tokens()
+    alone = {"input": prompt_tokens(given) - text, "result": prompt_tokens(result) - text}
+    assert alone["input"] > alone["result"] > 0, alone
+    assert prompt_tokens(given, result) - text == alone["input"] + alone["result"]
+
+    # One input more (3 images) is over the server's limit of 2: that sample fails alone, with vLLM's reason.
+    over = reward(results, prompts, [{}, {}], inputs=[[inputs[0][0], inputs[1][0]], inputs[1]])
+    assert np.isnan(over.scores[0]) and "HTTP 400" in over.errors[0] and "At most 2 image" in over.errors[0], \
+        over.errors
+    assert over.errors[1] is None and over.scores[1] == pytest.approx(out.scores[1], abs=1e-6)

@@ -58,8 +58,9 @@ class JudgeDeployConfig(pod_resources(
     port: int = Field(default=8000, ge=1024, le=65535, description="port of the judge's OpenAI API")
     args: list[str] = Field(
         default_factory=lambda: ["--max-model-len", "8192", "--gpu-memory-utilization", "0.90",
-                                 "--limit-mm-per-prompt", '{"image": 1, "video": 0}'],
-        description="further `vllm serve` arguments (model, name, host and port are set by the deploy step)",
+                                 "--limit-mm-per-prompt", '{"image": 2, "video": 0}'],
+        description="further `vllm serve` arguments (model, name, host and port are set by the deploy step); "
+                    "the default takes 2 images a prompt, an edit's input and result (vlm_judge `with_inputs`)",
     )
     ready_timeout_s: float = Field(
         default=1800.0, gt=0, description="seconds the judge may take to become ready (a large model loads slowly)",
