@@ -29,12 +29,15 @@ PER_TEST_FILES = ("tests/benchmarks/test_benchmark_smoke_runs.py", "tests/integr
 SLOWEST_FIRST = [
     RAY_SCOPE, "tests/integration/test_local_run.py", "tests/integration/test_cli.py",
     "tests/integration/test_sharding.py", "tests/integration/test_model_families.py",
-    "tests/integration/test_video_family.py",
+    "tests/integration/test_video_family.py", "tests/integration/test_qwenimage_edit.py",
+    "tests/integration/test_wan_i2v.py",
     "tests/vllm/test_vlm_judge_real.py", "tests/integration/test_compile.py", "tests/integration/test_training.py",
     "tests/integration/test_evaluate.py", "tests/integration/test_training_rewards.py",
     "tests/integration/test_reward_server_outage.py", "tests/integration/test_tracking.py",
     "tests/integration/test_dpo_training.py", "tests/integration/test_awm_training.py",
     "tests/integration/test_mix_grpo_training.py", "tests/integration/test_dance_sde_training.py",
+    "tests/integration/test_flux_kontext.py",
+    "tests/integration/test_flux2_references.py",
     *PER_TEST_FILES,  # then the benchmark smoke runs (1-3 min each), then the rest in collection order
 ]
 

@@ -131,6 +131,12 @@ class FlowMatchingModel(ABC):
         # the family default, or the (tiny) tokenizer's limit if shorter
         self.max_sequence_length = max_sequence_length or min(self.default_max_sequence_length, limit)
 
+    @classmethod
+    def pipeline_components(cls, root: Path) -> dict:
+        """Components the loader builds itself for the pipeline saved in ``root``, in place of those its
+        model_index.json names (one this environment cannot build as named)."""
+        return {}
+
     def pipeline_call_kwargs(self, guidance_scale: float) -> dict:
         """Arguments of the pipeline's own ``__call__`` that make it guide as ``predict_velocity`` does."""
         return {"guidance_scale": guidance_scale, "negative_prompt": self.negative_prompt}

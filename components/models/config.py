@@ -36,24 +36,29 @@ class LoRAConfig(Section):
 GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
 TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-flux-kontext": "embedded",
                                           "tiny-qwenimage": "true_cfg",
+                                          "tiny-qwenimage-edit": "true_cfg",
                                           "tiny-zimage": "cfg", "tiny-flux2": "cfg", "tiny-wan": "cfg",
                                           "shapes-sd3": "cfg",
-                                          "shapes-kontext": "none"}
-VIDEO_KINDS = ("tiny-wan", "diffusers")  # a diffusers pipeline's adapter checks num_frames when loaded
+                                          "shapes-kontext": "none", "tiny-wan-i2v": "cfg"}
+VIDEO_KINDS = ("tiny-wan", "tiny-wan-i2v", "diffusers")  # a diffusers pipeline's adapter checks num_frames when loaded
 SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position embedding knows no other size
 
 
 class ModelConfig(Section):
     kind: Literal["tiny-sd3", "tiny-flux", "tiny-flux-kontext", "tiny-qwenimage", "tiny-zimage", "tiny-flux2",
-                  "tiny-wan", "shapes-sd3", "shapes-kontext", "diffusers"] = Field(
+                  "tiny-wan", "tiny-wan-i2v", "shapes-sd3", "shapes-kontext", "tiny-qwenimage-edit",
+                  "diffusers"] = Field(
         default="tiny-sd3",
         description="`tiny-sd3` / `tiny-flux` / `tiny-flux-kontext` (FLUX.1-Kontext, edits an input image) / "
                     "`tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein) / "
-                    "`tiny-wan` (Wan2.1 text-to-video): random pipeline of that family built from config; "
+                    "`tiny-wan` (Wan2.1 text-to-video) / `tiny-wan-i2v` (Wan2.1 image-to-video) / "
+                    "`tiny-qwenimage-edit` (Qwen-Image-Edit-2509, edits an input image): random pipeline of "
+                    "that family built from config; "
                     "`shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); "
                     "`shapes-kontext`: the shipped editing demo model (FLUX.1-Kontext on shapes-sd3's VAE and "
                     "encoders, 48 px); `diffusers`: load "
-                    "`path` (SD3, FLUX.1, Qwen-Image, Z-Image, FLUX.2 klein or Wan2.1, from its model_index.json)",
+                    "`path` (SD3, FLUX.1, FLUX.1-Kontext, Qwen-Image, Qwen-Image-Edit-2509, Z-Image, FLUX.2 klein or "
+                    "Wan2.1 text- or image-to-video, from its model_index.json)",
     )
     path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
     negative_prompt: str = Field(

@@ -35,18 +35,22 @@ PIPELINES = {
     "FluxPipeline": ("components.models.flux", "FluxModel"),
     "FluxKontextPipeline": ("components.models.flux_kontext", "FluxKontextModel"),
     "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
+    "QwenImageEditPlusPipeline": ("components.models.qwenimage_edit", "QwenImageEditModel"),
     "ZImagePipeline": ("components.models.zimage", "ZImageModel"),
     "Flux2KleinPipeline": ("components.models.flux2", "Flux2KleinModel"),
     "WanPipeline": ("components.models.wan", "WanModel"),
+    "WanImageToVideoPipeline": ("components.models.wan_i2v", "WanImageToVideoModel"),
 }
 TINY = {
     "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
     "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
     "tiny-flux-kontext": ("components.models.tiny_flux", "build_tiny_flux_kontext"),
     "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
+    "tiny-qwenimage-edit": ("components.models.tiny_qwenimage_edit", "build_tiny_qwenimage_edit"),
     "tiny-zimage": ("components.models.tiny_zimage", "build_tiny_zimage"),
     "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),
     "tiny-wan": ("components.models.tiny_wan", "build_tiny_wan"),
+    "tiny-wan-i2v": ("components.models.tiny_wan_i2v", "build_tiny_wan_i2v"),
     "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
     "shapes-kontext": ("components.models.shapes_kontext", "load_shapes_kontext"),
 }
@@ -74,7 +78,8 @@ def _load_diffusers(path: str, dtype: torch.dtype):
     import diffusers
 
     try:
-        return getattr(diffusers, class_name).from_pretrained(str(root), dtype=dtype, local_files_only=True)
+        return getattr(diffusers, class_name).from_pretrained(
+            str(root), dtype=dtype, local_files_only=True, **_attr(PIPELINES[class_name]).pipeline_components(root))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
 

@@ -6,6 +6,8 @@ as in the pipeline), and the guided velocity is rescaled to the conditional one'
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from components.models.base import PackedLatentModel, PromptEmbeddings, decode_wan_vae
@@ -38,16 +40,22 @@ class QwenImageModel(PackedLatentModel):
         guided = uncond + scale * (cond - uncond)
         return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
 
+    def _image_tokens(self, latents: torch.Tensor, embeds: PromptEmbeddings) -> tuple[torch.Tensor, list]:
+        """The transformer's image tokens and their ``img_shapes`` (frames, rows, columns of each grid): the noisy
+        latents (Qwen-Image-Edit appends its input's)."""
+        grid = math.isqrt(latents.shape[1])
+        return latents, [[(1, grid, grid)]] * latents.shape[0]
+
     def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
         mask = embeds.tensors["prompt_embeds_mask"]
-        grid = int(latents.shape[1] ** 0.5)
+        tokens, img_shapes = self._image_tokens(latents, embeds)
         return self.transformer(
-            hidden_states=latents, timestep=self._timestep(latents, sigma),
+            hidden_states=tokens, timestep=self._timestep(latents, sigma),
             encoder_hidden_states=embeds.tensors["prompt_embeds"],
             # as the pipeline: no mask when nothing is padded (the unmasked attention path)
             encoder_hidden_states_mask=None if embeds.cached("unpadded", lambda: bool(mask.all())) else mask,
-            img_shapes=[[(1, grid, grid)]] * latents.shape[0], return_dict=False,
-        )[0]
+            img_shapes=img_shapes, return_dict=False,
+        )[0][:, :latents.shape[1]]
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return decode_wan_vae(self.pipeline.vae, self._unpack(latents))[:, :, 0]  # (B, C, 1, H, W): one frame

@@ -28,7 +28,8 @@ TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shap
 CORPUS = (TEMPLATE.format(""), "a photo of a red apple on a wooden table at night")
 
 
-def _text_encoder(tokenizer, seed: int) -> Qwen2_5_VLForConditionalGeneration:
+def tiny_text_encoder(tokenizer, seed: int, patch_size: int = 14) -> Qwen2_5_VLForConditionalGeneration:
+    """``patch_size``: the vision tower's (the editing twin runs it on its input image)."""
     torch.manual_seed(seed)
     special = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN_SPECIAL_TOKENS}
     config = Qwen2_5_VLConfig(
@@ -41,7 +42,7 @@ def _text_encoder(tokenizer, seed: int) -> Qwen2_5_VLForConditionalGeneration:
             "pad_token_id": special["<|endoftext|>"],
         },
         vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
-                       "out_hidden_size": TEXT_HIDDEN, "fullatt_block_indexes": [0]},
+                       "out_hidden_size": TEXT_HIDDEN, "fullatt_block_indexes": [0], "patch_size": patch_size},
         image_token_id=special["<|image_pad|>"], video_token_id=special["<|video_pad|>"],
         vision_start_token_id=special["<|vision_start|>"], vision_end_token_id=special["<|vision_end|>"],
     )
@@ -53,22 +54,29 @@ def build_tiny_qwenimage(resolution: int, seed: int) -> QwenImagePipeline:
     tokenizer = tok.qwen_tokenizer(CORPUS, vocab_size=600)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformer = QwenImageTransformer2DModel(
-            patch_size=2, in_channels=4 * LATENT_CHANNELS, out_channels=LATENT_CHANNELS, num_layers=2,
-            attention_head_dim=16, num_attention_heads=2, joint_attention_dim=TEXT_HIDDEN,
-            axes_dims_rope=(4, 6, 6),
-        )
+        transformer = tiny_transformer()
         torch.manual_seed(seed + 1)
         vae = AutoencoderKLQwenImage(base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 2], num_res_blocks=1,
                                      temperal_downsample=[False, False])
-        text_encoder = _text_encoder(tokenizer, seed + 2)
-    # Qwen-Image's scheduler config: exponential dynamic shift with a terminal sigma
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192, max_shift=0.9, shift=1.0,
-        shift_terminal=0.02, time_shift_type="exponential", use_dynamic_shifting=True,
-    )
-    pipe = QwenImagePipeline(transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=text_encoder,
+        text_encoder = tiny_text_encoder(tokenizer, seed + 2)
+    pipe = QwenImagePipeline(transformer=transformer, scheduler=tiny_scheduler(), vae=vae, text_encoder=text_encoder,
                              tokenizer=tokenizer)
     for module in (transformer, vae, text_encoder):
         module.eval().requires_grad_(False)
     return pipe
+
+
+def tiny_transformer() -> QwenImageTransformer2DModel:
+    """The dual-stream MMDiT at toy size (random weights from the current seed)."""
+    return QwenImageTransformer2DModel(
+        patch_size=2, in_channels=4 * LATENT_CHANNELS, out_channels=LATENT_CHANNELS, num_layers=2,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=TEXT_HIDDEN, axes_dims_rope=(4, 6, 6),
+    )
+
+
+def tiny_scheduler() -> FlowMatchEulerDiscreteScheduler:
+    """Qwen-Image's scheduler config: exponential dynamic shift with a terminal sigma."""
+    return FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192, max_shift=0.9, shift=1.0,
+        shift_terminal=0.02, time_shift_type="exponential", use_dynamic_shifting=True,
+    )

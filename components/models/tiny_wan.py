@@ -29,23 +29,36 @@ def _text_encoder(seed: int) -> UMT5EncoderModel:
     ))
 
 
+def tiny_transformer(seed: int, **changes) -> WanTransformer3DModel:
+    """The tiny video DiT; ``changes`` override its config (image-to-video: input channels, image cross-attention)."""
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(**{
+        "patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 16, "in_channels": LATENT_CHANNELS,
+        "out_channels": LATENT_CHANNELS, "text_dim": TEXT_HIDDEN, "freq_dim": 32, "ffn_dim": 64, "num_layers": 2,
+        "rope_max_seq_len": 64, **changes})
+
+
+def tiny_vae(seed: int) -> AutoencoderKLWan:
+    torch.manual_seed(seed)
+    return AutoencoderKLWan(base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 2], num_res_blocks=1,
+                            temperal_downsample=[False, True], scale_factor_temporal=2, scale_factor_spatial=4)
+
+
+def tiny_parts(seed: int) -> dict:
+    """The parts both tiny Wan pipelines share: tokenizer, text encoder, VAE and scheduler."""
+    return {"tokenizer": tok.t5_tokenizer(TOKENIZER_MAX_LENGTH), "text_encoder": _text_encoder(seed + 2),
+            "vae": tiny_vae(seed + 1),
+            # Euler under Wan2.1's 480p shift: the schedule the shared SDE sampler steps (the released pipelines
+            # ship UniPC)
+            "scheduler": FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=FLOW_SHIFT)}
+
+
 def build_tiny_wan(resolution: int, seed: int) -> WanPipeline:
     """Build the tiny pipeline; the same seed gives the same weights, in eval mode, float32."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=LATENT_CHANNELS,
-            out_channels=LATENT_CHANNELS, text_dim=TEXT_HIDDEN, freq_dim=32, ffn_dim=64, num_layers=2,
-            rope_max_seq_len=64,
-        )
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKLWan(base_dim=16, z_dim=LATENT_CHANNELS, dim_mult=[1, 2, 2], num_res_blocks=1,
-                               temperal_downsample=[False, True], scale_factor_temporal=2, scale_factor_spatial=4)
-        text_encoder = _text_encoder(seed + 2)
-    # Euler under Wan2.1's 480p shift: the schedule the shared SDE sampler steps (the released pipeline ships UniPC)
-    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=FLOW_SHIFT)
-    pipe = WanPipeline(tokenizer=tok.t5_tokenizer(TOKENIZER_MAX_LENGTH), text_encoder=text_encoder,
-                       transformer=transformer, vae=vae, scheduler=scheduler)
-    for module in (transformer, vae, text_encoder):
+        transformer = tiny_transformer(seed)
+        parts = tiny_parts(seed)
+    pipe = WanPipeline(transformer=transformer, **parts)
+    for module in (transformer, parts["vae"], parts["text_encoder"]):
         module.eval().requires_grad_(False)
     return pipe

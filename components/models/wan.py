@@ -14,7 +14,7 @@ The family's conventions, mapped onto the shared sampler (velocity = d x / d sig
 from __future__ import annotations
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
 from components.errors import ModelLoadError
 from components.models.base import FlowMatchingModel, PromptEmbeddings, decode_wan_vae
@@ -40,7 +40,7 @@ class WanModel(FlowMatchingModel):
                                  f"{step}: use {below} or {below + step}")
         if pipeline.config.boundary_ratio is not None:
             raise ModelLoadError("model.path holds a two-expert Wan2.2 pipeline (boundary_ratio is set); only "
-                                 "single-transformer Wan2.1 text-to-video pipelines are supported")
+                                 "single-transformer Wan2.1 pipelines (text- and image-to-video) are supported")
         if not isinstance(pipeline.scheduler, FlowMatchEulerDiscreteScheduler):
             shift = pipeline.scheduler.config.get("flow_shift") or DEFAULT_FLOW_SHIFT
             pipeline.scheduler = FlowMatchEulerDiscreteScheduler(
@@ -52,8 +52,11 @@ class WanModel(FlowMatchingModel):
 
     @torch.no_grad()
     def encode_prompts(self, prompts: list[str], images: torch.Tensor | None = None) -> PromptEmbeddings:
-        embeds = self.pipeline.encode_prompt(prompt=prompts, do_classifier_free_guidance=False,
-                                             max_sequence_length=self.max_sequence_length, device=self.device)[0]
+        # WanPipeline's own text path (encode_prompt without CFG is this call) for both Wan2.1 pipelines: the
+        # image-to-video one's is the same code, but cleans prompts with ftfy unconditionally (diffusers 0.42.1),
+        # which is no dependency here; this one runs ftfy when it is installed
+        embeds = WanPipeline._get_t5_prompt_embeds(self.pipeline, prompt=prompts, device=self.device,
+                                                   max_sequence_length=self.max_sequence_length)
         return PromptEmbeddings({"prompt_embeds": embeds.to(self.dtype)})
 
     def latent_frames(self) -> int:
@@ -61,7 +64,8 @@ class WanModel(FlowMatchingModel):
 
     def latent_shape(self, resolution: int) -> tuple[int, ...]:
         side = resolution // self.pipeline.vae_scale_factor_spatial
-        return (self.transformer.config.in_channels, self.latent_frames(), side, side)
+        # what the transformer predicts: its input may carry conditioning channels too (image-to-video)
+        return (self.transformer.config.out_channels, self.latent_frames(), side, side)
 
     def image_seq_len(self, resolution: int) -> int:
         _, frames, h, w = self.latent_shape(resolution)
@@ -71,8 +75,11 @@ class WanModel(FlowMatchingModel):
     def _forward(self, latents: torch.Tensor, sigma: float, embeds: PromptEmbeddings, guidance: float) -> torch.Tensor:
         timestep = torch.full((latents.shape[0],), sigma * self.pipeline.scheduler.config.num_train_timesteps,
                               device=latents.device, dtype=torch.float32)
-        return self.transformer(hidden_states=latents, timestep=timestep,
-                                encoder_hidden_states=embeds.tensors["prompt_embeds"], return_dict=False)[0]
+        return self.transformer(timestep=timestep, return_dict=False, **self._inputs(latents, embeds))[0]
+
+    def _inputs(self, latents: torch.Tensor, embeds: PromptEmbeddings) -> dict[str, torch.Tensor]:
+        """The transformer's inputs besides the timestep."""
+        return {"hidden_states": latents, "encoder_hidden_states": embeds.tensors["prompt_embeds"]}
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return decode_wan_vae(self.pipeline.vae, latents).transpose(1, 2)  # (B, F, 3, H, W)

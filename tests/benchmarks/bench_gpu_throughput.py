@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_memory, real_s
 import torch
 from bench_memory import real_shape_pipeline  # its import sets the offline, no-MLflow environment
 
+from components.dataset.prepared import PromptRow
 from components.flowgrpo.rollout import plan_steps
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
@@ -144,7 +145,7 @@ def diffusers_seconds_per_batch(trainer: Any, config: ExperimentConfig) -> float
     batches = epoch_batches(config)
 
     def call(b: int) -> None:
-        cond: PromptEmbeddings = trainer.prompts(batches[b])
+        cond: PromptEmbeddings = trainer.prompts([PromptRow(p) for p in batches[b]])
         neg = negative.expand_to(len(batches[b]))
         model.pipeline(
             prompt_embeds=cond.tensors["prompt_embeds"], pooled_prompt_embeds=cond.tensors["pooled_projections"],
@@ -222,7 +223,7 @@ def sampling_breakdown(trainer: Any, config: ExperimentConfig) -> dict[str, floa
     model.decode = timed(model.decode, "vae_decode")
     try:
         start = _clock(device)
-        embeds = timed(trainer.prompts, "encode")(prompts)
+        embeds = timed(trainer.prompts, "encode")([PromptRow(p) for p in prompts])
         with trainer.algorithm.sampling_weights():
             sample_rollout(model, prompts, s.group_size, s.batch_size_per_worker, sampler,
                            torch.Generator(device).manual_seed(0), embeds=embeds)
@@ -278,7 +279,7 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, al
         out["sampling_breakdown"] = sampling_breakdown(trainer, config)
         # eager: diffusers' call, the FLOP count and the profile see the plain model
         if not compile_ and uncond_grad and compare:
-            cond = trainer.prompts(PROMPTS[:1])
+            cond = trainer.prompts([PromptRow(PROMPTS[0])])
             out["diffusers_s_per_batch"] = diffusers_seconds_per_batch(trainer, config)
             out["cfg_forward_flops"] = cfg_forward_flops(trainer.model, cond, config)
             out["peak_flops"] = matmul_peak(device)

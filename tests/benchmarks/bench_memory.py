@@ -2,8 +2,10 @@
 
     python tests/benchmarks/bench_memory.py
         [--recipes sd35-medium-ocr,sd35-large-ocr,flux1-dev-pickscore,qwenimage-ocr,flux2-klein-pickscore,
-                   zimage-pickscore,wan21-t2v-1.3b-pickscore]
-        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b]
+                   zimage-pickscore,wan21-t2v-1.3b-pickscore,flux1-kontext-edit,wan21-i2v-14b-480p,flux2-klein-edit,
+                   qwenimage-edit-2509]
+        [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b,flux1-kontext,
+                        wan21-i2v-14b,flux2-klein-base]
         [--all-settings]
         [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
 
@@ -54,7 +56,12 @@ from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 TARGET_GIB = 72.0
 RECIPES = {"sd35-medium-ocr": "sd35-medium", "sd35-large-ocr": "sd35-large", "flux1-dev-pickscore": "flux1-dev",
            "qwenimage-ocr": "qwen-image", "flux2-klein-pickscore": "flux2-klein",
-           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b"}
+           "zimage-pickscore": "z-image", "wan21-t2v-1.3b-pickscore": "wan21-1.3b",
+           "flux1-kontext-edit": "flux1-kontext", "wan21-i2v-14b-480p": "wan21-i2v-14b",
+           "flux2-klein-edit": "flux2-klein-base", "qwenimage-edit-2509": "qwen-image-edit"}
+# input images per prompt in an editing recipe's data where the family takes a number of them (FLUX.2 klein's
+# references); the others take their adapter's ``input_images``. Each forward's sequence grows by them
+INPUT_IMAGES = {"flux2-klein-edit": 1}
 FAMILY_RECIPE = {family: recipe for recipe, family in RECIPES.items()}
 # The one real measurement (one H100 80 GB, SD3.5-Medium shape with T5 reduced to 2 layers, the earlier recipe:
 # 8 images per sampling and training forward, CFG 4.5 in both, KL on, r32 LoRA, no checkpointing / offload).
@@ -82,11 +89,15 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
     FLUX's T5; FLUX.2 klein's padded Qwen3 length; Wan's padded UMT5 length."""
     if family in ("qwen-image", "z-image"):
         return QWEN_PROMPT_TOKENS
-    if family == "flux2-klein":
+    if family == "qwen-image-edit":  # the picture's tokens join the prompt's (memory_estimate.FAMILIES)
+        import memory_estimate
+
+        return memory_estimate.FAMILIES[family].text_tokens
+    if family in ("flux2-klein", "flux2-klein-base"):
         from components.models.flux2 import Flux2KleinModel
 
         return config.model.max_sequence_length or Flux2KleinModel.default_max_sequence_length
-    if family == "wan21-1.3b":
+    if family in ("wan21-1.3b", "wan21-i2v-14b"):
         from components.models.wan import WanModel
 
         return config.model.max_sequence_length or WanModel.default_max_sequence_length
@@ -100,9 +111,11 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
 
 
 def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: bool, world: int,
-              text_layers: int | None = None, cpu: bool = False, **shape: int) -> dict[str, float]:
+              text_layers: int | None = None, cpu: bool = False, input_images: int = 0,
+              **shape: int) -> dict[str, float]:
     """The estimator at ``config``'s per-worker settings; ``text_layers``: text encoders of that depth (as in a
-    measured run) instead of their real size; ``cpu``: the reduced shape of the CPU measurement."""
+    measured run) instead of their real size; ``cpu``: the reduced shape of the CPU measurement;
+    ``input_images``: per prompt (an editing recipe's, ``INPUT_IMAGES``)."""
     import memory_estimate
 
     s, t, lora = config.sampling, config.train, config.model.lora
@@ -116,7 +129,7 @@ def _estimate(config: ExperimentConfig, family: str, *, ckpt: bool, offload: boo
         family, sample_cfg=s.guidance_scale > 1, train_cfg=t.train_cfg, lora_rank=lora.rank,
         lora_alpha=lora.alpha, lora_targets=tuple(lora.target_modules), gradient_checkpointing=ckpt,
         offload_text_encoders=offload, shard_world=world, beta=t.beta, text_layers=text_layers,
-        num_frames=config.model.num_frames, **sizes,
+        num_frames=config.model.num_frames, input_images=input_images, **sizes,
     )
 
 
@@ -143,21 +156,22 @@ def estimates(recipes: list[str], depth: int | None) -> None:
         config = load_config(CONFIG_DIR / f"{recipe}.yaml")
         family, world, t = RECIPES[recipe], config.cluster.workers.training_workers, config.train
         own = (t.gradient_checkpointing, config.model.offload_text_encoders, t.sharding)
+        inputs = f", {INPUT_IMAGES[recipe]} input image(s) per prompt" if recipe in INPUT_IMAGES else ""
         print(f"\n{recipe}: per worker {config.sampling.batch_size_per_worker} images per sampling forward, "
               f"{t.batch_size_per_worker} per training forward{' with CFG' if t.train_cfg else ''}, "
-              f"{config.model.resolution} px; FSDP over {world} workers; estimated GiB")
+              f"{config.model.resolution} px{inputs}; FSDP over {world} workers; estimated GiB")
         print(f"  {'setting':<33} {'sampling':>8} {'training':>8} {'encode':>7} {'peak':>6}")
         for ckpt, offload, sharding in itertools.product((False, True), (False, True), ("none", "fsdp")):
             start = time.perf_counter()
             e = _estimate(config, family, ckpt=ckpt, offload=offload, world=world if sharding == "fsdp" else 1,
-                          transformer_layers=depth)
+                          transformer_layers=depth, input_images=INPUT_IMAGES.get(recipe, 0))
             mark = "*" if (ckpt, offload, sharding) == own else " "
             verdict = "fits" if e["peak_gib"] <= TARGET_GIB else "OVER"
             print(f"{mark} {_setting(ckpt, offload, sharding):<33} {e['sampling_peak_gib']:8.1f} "
                   f"{e['training_peak_gib']:8.1f} {e['encode_peak_gib']:7.1f} {e['peak_gib']:6.1f}  {verdict} "
                   f"({time.perf_counter() - start:.0f} s)")
         own_figures = _estimate(config, family, ckpt=own[0], offload=own[1], world=world if own[2] == "fsdp" else 1,
-                                transformer_layers=depth)
+                                transformer_layers=depth, input_images=INPUT_IMAGES.get(recipe, 0))
         if own[1]:
             print(f"  with a prompt set over model.prompt_cache_gib the encoders visit each epoch beside the resident "
                   f"model: {own_figures['epoch_encode_peak_gib']:.1f} GiB in this recipe's setting")
@@ -241,9 +255,26 @@ def real_shape_pipeline(family: str, config: ExperimentConfig, *, cpu: bool) -> 
     kwargs: dict[str, Any] = {"text_layers": CPU_TEXT_LAYERS if cpu else 2}
     if cpu:
         kwargs["transformer_layers"] = CPU_SIZES["transformer_layers"]
-        if family != "qwen-image":
+        if family not in ("qwen-image", "qwen-image-edit"):
             kwargs["max_sequence_length"] = CPU_T5_LENGTH
     return real_shapes.BUILDERS[family](device="cpu", dtype=getattr(torch, config.model.dtype), **kwargs)
+
+
+def _input_rows(folder: Path, prompts: list[str], count: int, resolution: int) -> Path:
+    """A JSONL of ``prompts``, each with ``count`` input images (random PNGs of ``resolution`` px): an editing
+    recipe's rows, whose inputs join every forward."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        names = [f"input{i}_{k}.png" for k in range(count)]
+        for name in names:
+            Image.fromarray(rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8)).save(folder / name)
+        rows.append(json.dumps({"prompt": prompt, "images": names}) + "\n")
+    (folder / "rows.jsonl").write_text("".join(rows))
+    return folder / "rows.jsonl"
 
 
 def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str, float]:
@@ -251,20 +282,27 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
     (``<phase>_above_start_mib`` on a CPU, ``<phase>_peak_gib`` on a GPU; phases: see ``loop.PhaseScope``)."""
     import tempfile
 
+    import memory_estimate
+
     from components.trainer.loop import Trainer
 
     recipe = CONFIG_DIR / f"{FAMILY_RECIPE[family]}.yaml"
-    config = load_config(recipe, _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload))
+    overrides = _epoch_overrides(load_config(recipe), cpu=cpu, ckpt=ckpt, offload=offload)
+    config = load_config(recipe, overrides)
     probe = RssProbe() if cpu else CudaProbe()
     figures: dict[str, float] = {}
     pipeline = real_shape_pipeline(family, config, cpu=cpu)
     with tempfile.TemporaryDirectory() as tmp:
+        count = INPUT_IMAGES.get(FAMILY_RECIPE[family], memory_estimate.adapter_class(pipeline).input_images)
+        if count:  # an editing recipe: its rows carry their input images
+            rows = _input_rows(Path(tmp), config.data.prompts or [], count, config.model.resolution)
+            config = load_config(recipe, [*overrides, "data.prompts=null", f"data.path={rows}"])
         with probe.phase(figures, "start"):  # encode (offload), place the model
             trainer = Trainer(config, Path(tmp) / "run", log=lambda _m: None, pipeline=pipeline,
                               phase_scope=lambda phase: probe.phase(figures, phase))
         trainer.run_epoch()
-    # the text lengths the run used, for the estimate of the same shape
-    figures["text_tokens"] = trainer.prompts(config.data.prompts[:1]).tensors["prompt_embeds"].shape[1]
+        # the text lengths the run used, for the estimate of the same shape (its rows' images are in ``tmp``)
+        figures["text_tokens"] = trainer.prompts(trainer.rows[:1]).tensors["prompt_embeds"].shape[1]
     figures["negative_tokens"] = trainer.model.negative_embeddings().tensors["prompt_embeds"].shape[1]
     return figures
 
@@ -310,7 +348,8 @@ def gpu_measurements(recipes: list[str], all_settings: bool) -> None:
         settings = list(itertools.product((False, True), (False, True))) if all_settings else [own]
         for ckpt, offload in settings:
             got = _child([RECIPES[recipe], "cuda", str(ckpt), str(offload)])
-            est = _estimate(config, RECIPES[recipe], ckpt=ckpt, offload=offload, world=1, text_layers=2)
+            est = _estimate(config, RECIPES[recipe], ckpt=ckpt, offload=offload, world=1, text_layers=2,
+                            input_images=INPUT_IMAGES.get(recipe, 0))
             print(f"  {recipe:<20} {_setting(ckpt, offload, 'none')[:-5]:<22} {got['start_peak_gib']:6.1f} "
                   f"{got['sampling_peak_gib']:8.1f} {got['training_peak_gib']:8.1f} {est['steady_peak_gib']:8.1f}")
 

@@ -47,9 +47,12 @@ from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.flowgrpo.sde import sde_step_with_logprob
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import LoRAConfig
+from components.models.flux_kontext import FluxKontextModel
 from components.models.loading import PIPELINES
 from components.models.qwenimage import QwenImageModel
+from components.models.qwenimage_edit import QwenImageEditModel
 from components.models.wan import WanModel
+from components.models.wan_i2v import WanImageToVideoModel
 from components.models.zimage import ZImageModel
 
 GIB = 2**30
@@ -75,7 +78,16 @@ FAMILIES: dict[str, Family] = {
     "flux2-klein": Family(512, 512),  # every prompt, the empty negative too, padded to the Qwen3 length
     "z-image": Family(100, 8),  # the prompt's own length; the empty negative is the chat template's 8 tokens
     "wan21-1.3b": Family(226, 226),  # every prompt, the empty negative too, padded to the UMT5 length
+    "flux1-kontext": Family(128, 0),  # FLUX.1-dev's; the input image's tokens are in the embedding (fake_embeds)
+    "wan21-i2v-14b": Family(226, 226),
+    "flux2-klein-base": Family(512, 512),  # as the distilled klein
+    # the prompt and the negative " " each with the input picture: "Picture 1: " and its 196 vision tokens (384 px,
+    # 14 px patches merged 2x2) between vision start / end
+    "qwen-image-edit": Family(100 + 202, 6 + 202),
 }
+# Qwen-Image-Edit-2509's input image beside the noisy tokens: its VAE latents at 1024 x 1024 px whatever the output
+# size (the pipeline's VAE_IMAGE_SIZE), 64 x 64 tokens of 2x2 patches
+EDIT_IMAGE_TOKENS = (1024 // 16) ** 2
 
 
 # --- live-storage accounting ---
@@ -200,10 +212,13 @@ def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype
     return model
 
 
-def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int) -> PromptEmbeddings:
+def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int, resolution: int = 512,
+                images: bool = True) -> PromptEmbeddings:
     """Embeddings as the adapter's ``encode_prompts`` returns them: the text states in the model's dtype, with
     the pooled CLIP projection (SD3, FLUX.1), the text mask (Qwen-Image, Z-Image) or nothing else (FLUX.2 klein,
-    Wan).
+    Wan); an editing or image-to-video family's image conditioning at ``resolution`` too (FLUX.1-Kontext's input
+    latents, Wan I2V's CLIP tokens and first frame), unless ``images`` is false (the negative text, which the CFG
+    negative rows complete with each row's).
 
     The mask is real and all ones: nothing padded, so ``_forward`` takes the unmasked path, as for one prompt.
     """
@@ -212,23 +227,47 @@ def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, token
         return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.cap_feat_dim), model.dtype),
                                  "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
     if isinstance(model, WanModel):  # UMT5 states of text_dim, padded with zeros, no mask
-        return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)})
+        text = {"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)}
+        if isinstance(model, WanImageToVideoModel) and images:  # the CLIP image tokens, the mask + first-frame latents
+            clip = model.pipeline.image_encoder.config
+            side = clip.image_size // clip.patch_size
+            _, frames, h, w = model.latent_shape(resolution)
+            text["image_embeds"] = _empty(mode, (rows, side * side + 1, clip.hidden_size), model.dtype)
+            text["condition"] = _empty(mode, (rows, config.in_channels - config.out_channels, frames, h, w),
+                                       model.dtype)
+        return PromptEmbeddings(text)
     text = _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)
+    if isinstance(model, QwenImageEditModel) and images:  # each row's negative (with the picture), input latents
+        negative = FAMILIES["qwen-image-edit"].negative_tokens
+        return PromptEmbeddings({
+            "prompt_embeds": text, "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long),
+            "negative_prompt_embeds": _empty(mode, (rows, negative, config.joint_attention_dim), model.dtype),
+            "negative_prompt_embeds_mask": torch.ones(rows, negative, dtype=torch.long),
+            "image_latents": _empty(mode, (rows, EDIT_IMAGE_TOKENS, config.in_channels), model.dtype)})
     if isinstance(model, QwenImageModel):
         return PromptEmbeddings({"prompt_embeds": text,
                                  "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
     if "pooled_projection_dim" not in config:  # FLUX.2 klein: the text states alone
         return PromptEmbeddings({"prompt_embeds": text})
     pooled = _empty(mode, (rows, config.pooled_projection_dim), model.dtype)
-    return PromptEmbeddings({"prompt_embeds": text, "pooled_projections": pooled})
+    out = {"prompt_embeds": text, "pooled_projections": pooled}
+    if isinstance(model, FluxKontextModel) and images:  # the input's packed latents: the output's token count
+        out["image_latents"] = _empty(mode, (rows, *model.latent_shape(resolution)), model.dtype)
+    return PromptEmbeddings(out)
 
 
 def fake_rollout(model: FlowMatchingModel, mode: FakeTensorMode, prompts: int, batch: int, resolution: int,
-                 text_tokens: int) -> Rollout:
+                 text_tokens: int, input_images: int = 0) -> Rollout:
     """A rollout of ``batch`` samples with one stored step, one prompt each; the latents, log-probs and
-    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers)."""
+    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers). With
+    ``input_images``, each prompt's embedding carries what the adapter's ``encode_input_images`` derives from that
+    many input images at ``resolution`` (run on the fake VAE: their shapes, as the trainer's forwards see them)."""
+    embeds = fake_embeds(model, mode, prompts, text_tokens, resolution)
+    if input_images:  # FLUX.2 klein's references, as many as the recipe's rows carry
+        pixels = _empty(mode, (prompts, input_images, 3, resolution, resolution))
+        embeds = PromptEmbeddings({**embeds.tensors, **model.encode_input_images(pixels)})
     return Rollout(
-        prompts=[""] * prompts, embeds=fake_embeds(model, mode, prompts, text_tokens),
+        prompts=[""] * prompts, embeds=embeds,
         prompt_index=torch.arange(batch), sigmas=torch.tensor([SIGMA]), sigmas_next=torch.tensor([SIGMA_NEXT]),
         trajectory=_empty(mode, (batch, 2, *model.latent_shape(resolution))), log_probs=_empty(mode, (batch, 1)),
         images=np.zeros((batch, 0, 0, 3), dtype=np.uint8),
@@ -281,6 +320,7 @@ class Workload:
     checkpointing: bool
     beta: float
     num_frames: int = 1
+    input_images: int = 0  # per prompt (editing): what the adapter derives from them joins every forward
 
     def sampler(self) -> SamplerSettings:
         """One SDE step, stored for training; the sampling scale only when it guides."""
@@ -346,9 +386,10 @@ def _activations(model: FlowMatchingModel, mode: FakeTensorMode, work: Workload)
     """Activation peaks (bytes above the resident tensors) of sampling, decoding and training, and the rows of
     their transformer forwards."""
     result: dict[str, int] = {}
-    model._negative = fake_embeds(model, mode, 1, work.negative_tokens)  # what negative_embeddings() caches
+    # what negative_embeddings() caches
+    model._negative = fake_embeds(model, mode, 1, work.negative_tokens, images=False)
     rollout = fake_rollout(model, mode, max(work.sample_batch, work.train_batch), work.train_batch,
-                           work.resolution, work.text_tokens)
+                           work.resolution, work.text_tokens, work.input_images)
     settings = work.sampler()
     live = LiveBytes()
     for t in _resident(model, rollout):
@@ -411,6 +452,7 @@ def estimate(
     gradient_checkpointing: bool = False, offload_text_encoders: bool = False, shard_world: int = 1,
     beta: float = 0.0, dtype: torch.dtype = torch.bfloat16, lora_dtype: torch.dtype = torch.float32,
     text_layers: int | None = None, transformer_layers: int | None = None, num_frames: int = 1,
+    input_images: int = 0,
 ) -> dict[str, float]:
     """Peak memory of one worker in GiB (``*_gib`` keys), by item and phase, plus the rows of each forward.
 
@@ -423,14 +465,16 @@ def estimate(
     is held). ``lora_dtype``: the trainer's float32, with which peft casts each adapted layer's input to float32
     (copies the backward keeps). ``text_layers``: text encoders of that depth (as in a measured run that reduced
     them) instead of their real size; ``transformer_layers``: that many blocks (a reduced run) instead of all.
-    ``num_frames``: frames per video of a video family (Wan).
+    ``num_frames``: frames per video of a video family (Wan). ``input_images``: input images per prompt at
+    ``resolution`` (editing; FLUX.2 klein's references lengthen every forward's sequence).
     ``steady_peak_gib``: sampling or training; ``peak_gib``: encoding too.
     The fake-tensor pass is cached, so variants that differ only in sharding, offload or text encoders are free.
     """
     spec = FAMILIES[family]
     work = Workload(resolution, text_tokens or spec.text_tokens,
                     spec.negative_tokens if negative_tokens is None else negative_tokens,
-                    sample_batch, sample_cfg, train_batch, train_cfg, gradient_checkpointing, beta, num_frames)
+                    sample_batch, sample_cfg, train_batch, train_cfg, gradient_checkpointing, beta, num_frames,
+                    input_images)
     weights, lora, act = _fake_pass(family, LoRA(lora_rank, lora_alpha, tuple(lora_targets), lora_dtype), work,
                                     dtype, transformer_layers)
     figures = _phases(weights, lora, act, text_encoder_bytes(family, dtype, text_layers), vae_bytes(family, dtype),

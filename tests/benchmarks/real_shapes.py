@@ -1,5 +1,6 @@
-"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B,
-Z-Image and Wan2.1 T2V 1.3B, random weights.
+"""Diffusers pipelines at the REAL architecture shapes of SD3.5 Medium, FLUX.1-dev (and FLUX.1-Kontext-dev, the same
+model editing an input image), Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V 1.3B and Wan2.1 I2V 14B 480P, random
+weights.
 
 Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
@@ -28,21 +29,27 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     Flux2KleinPipeline,
     Flux2Transformer2DModel,
+    FluxKontextPipeline,
     FluxPipeline,
     FluxTransformer2DModel,
+    QwenImageEditPlusPipeline,
     QwenImagePipeline,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
     StableDiffusion3Pipeline,
+    WanImageToVideoPipeline,
     WanPipeline,
     WanTransformer3DModel,
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
 from transformers import (
+    CLIPImageProcessorPil,
     CLIPTextConfig,
     CLIPTextModel,
     CLIPTextModelWithProjection,
+    CLIPVisionConfig,
+    CLIPVisionModel,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen3Config,
@@ -59,7 +66,12 @@ from components.models.tiny_flux2 import klein_tokenizer
 from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
 from components.models.tiny_zimage import zimage_tokenizer
 
-FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b")
+FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b",
+            "flux1-kontext", "wan21-i2v-14b", "flux2-klein-base", "qwen-image-edit")
+# FLUX.2-klein-base-4B: the distilled 4B's shapes, guided with CFG (is_distilled false in its model_index.json)
+KLEIN_SHAPES = ("flux2-klein", "flux2-klein-base")
+# Qwen-Image-Edit-2509: Qwen-Image's transformer, VAE and text encoder (the same configs), in its edit pipeline
+QWEN_IMAGE_FAMILIES = ("qwen-image", "qwen-image-edit")
 
 # --- the published configs (checked against public copies of each config.json; where, in each comment) ---
 
@@ -176,6 +188,19 @@ WAN21_1_3B_TRANSFORMER = dict(
 UMT5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
                 relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6)
 WAN_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+# Wan-AI/Wan2.1-I2V-14B-480P-Diffusers transformer/config.json (the Wan team's i2v_14B config: dim 5120 = 40 heads x
+# 128, FFN 13824, 40 blocks; 36 input channels = 16 noisy + 4 mask + 16 first-frame latents; image cross-attention
+# keys / values from the 1280-wide CLIP states projected to 5120). Its VAE, text encoder and scheduler are the 1.3B's.
+WAN21_I2V_14B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=36, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+    eps=1e-6, image_dim=1280, added_kv_proj_dim=5120, rope_max_seq_len=1024,
+)
+# Its image_encoder/config.json: the ViT-H/14 vision tower of open-clip-xlm-roberta-large-vit-huge-14 as
+# CLIPVisionModel (224 px, 257 tokens of 1280; the pipeline reads the penultimate layer's states); its image_processor
+# CLIPImageProcessor's defaults (224 px, bicubic, OpenAI mean / std)
+CLIP_VIT_H_14 = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+                     image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu", layer_norm_eps=1e-5)
 
 REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064, "qwen3": 151936, "umt5": 256384}
 QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as tiny_qwenimage), plus the special tokens
@@ -185,7 +210,8 @@ def describe() -> str:
     """What is real and what is reduced in these builders, for benchmark output."""
     return (
         "real-shape pipelines, random weights: transformer, VAE and scheduler at the published configs "
-        "(SD3.5 Medium and Large, FLUX.1-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V 1.3B); text encoders "
+        "(SD3.5 Medium and Large, FLUX.1-dev and Kontext-dev, Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V "
+        "1.3B, Wan2.1 I2V 14B); text encoders (and Wan I2V's image encoder) "
         f"at real width but reduced depth (text_layers; klein's Qwen3 at least {KLEIN_TEXT_LAYERS}) and "
         f"tiny offline vocabularies (CLIP {tok.clip_vocab_size()}, T5 {tok.t5_vocab_size()}, "
         f"Qwen ~{QWEN_TOKENIZER_VOCAB + len(tok.QWEN_SPECIAL_TOKENS)} tokens instead of "
@@ -279,6 +305,7 @@ def _flux_blocks(total: int | None, real: dict = FLUX1_DEV_TRANSFORMER) -> tuple
 
 
 SD35_TRANSFORMERS = {"sd35-medium": SD35_MEDIUM_TRANSFORMER, "sd35-large": SD35_LARGE_TRANSFORMER}
+FLUX1_FAMILIES = ("flux1-dev", "flux1-kontext")  # one transformer shape
 
 
 def transformer_config(family: str, transformer_layers: int | None = None) -> dict:
@@ -292,27 +319,32 @@ def transformer_config(family: str, transformer_layers: int | None = None) -> di
         n = _depth(real["num_layers"], transformer_layers)
         dual = tuple(i for i in real["dual_attention_layers"] if i < n)
         return {**real, "num_layers": n, "dual_attention_layers": dual}
-    if family == "flux1-dev":
+    if family in FLUX1_FAMILIES:
         double, single = _flux_blocks(transformer_layers)
         return {**FLUX1_DEV_TRANSFORMER, "num_layers": double, "num_single_layers": single}
-    if family == "qwen-image":
+    if family in QWEN_IMAGE_FAMILIES:
         return {**QWEN_IMAGE_TRANSFORMER, "num_layers": _depth(QWEN_IMAGE_TRANSFORMER["num_layers"],
                                                                transformer_layers)}
-    if family == "flux2-klein":
+    if family in KLEIN_SHAPES:
         double, single = _flux_blocks(transformer_layers, FLUX2_KLEIN_4B_TRANSFORMER)
         return {**FLUX2_KLEIN_4B_TRANSFORMER, "num_layers": double, "num_single_layers": single}
     if family == "wan21-1.3b":
         return {**WAN21_1_3B_TRANSFORMER, "num_layers": _depth(WAN21_1_3B_TRANSFORMER["num_layers"],
                                                                transformer_layers)}
+    if family == "wan21-i2v-14b":
+        return {**WAN21_I2V_14B_TRANSFORMER, "num_layers": _depth(WAN21_I2V_14B_TRANSFORMER["num_layers"],
+                                                                  transformer_layers)}
     if family == "z-image":  # the refiners stay: every forward runs them
         return {**ZIMAGE_TRANSFORMER, "n_layers": _depth(ZIMAGE_TRANSFORMER["n_layers"], transformer_layers)}
     raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
 
 
 _TRANSFORMER_CLASSES = {"sd35-medium": SD3Transformer2DModel, "sd35-large": SD3Transformer2DModel,
-                        "flux1-dev": FluxTransformer2DModel,
+                        "flux1-dev": FluxTransformer2DModel, "flux1-kontext": FluxTransformer2DModel,
                         "qwen-image": QwenImageTransformer2DModel, "flux2-klein": Flux2Transformer2DModel,
-                        "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel}
+                        "z-image": ZImageTransformer2DModel, "wan21-1.3b": WanTransformer3DModel,
+                        "wan21-i2v-14b": WanTransformer3DModel, "flux2-klein-base": Flux2Transformer2DModel,
+                        "qwen-image-edit": QwenImageTransformer2DModel}
 
 
 def build_transformer(family: str, device: torch.device | str = "meta", dtype: torch.dtype = torch.bfloat16,
@@ -329,11 +361,11 @@ def build_vae(family: str, device: torch.device | str = "meta", dtype: torch.dty
     """The family's VAE alone (frozen, eval mode)."""
     device = _device(device)
     with _building(device, seed):
-        if family == "qwen-image":
+        if family in QWEN_IMAGE_FAMILIES:
             vae = AutoencoderKLQwenImage(**QWEN_IMAGE_VAE)
-        elif family == "flux2-klein":
+        elif family in KLEIN_SHAPES:
             vae = AutoencoderKLFlux2()
-        elif family == "wan21-1.3b":
+        elif family in ("wan21-1.3b", "wan21-i2v-14b"):
             vae = AutoencoderKLWan()
         else:
             vae = AutoencoderKL(**(SD3_VAE if family in SD35_TRANSFORMERS else FLUX1_VAE))
@@ -365,10 +397,13 @@ def sd35(family: str, device: torch.device | str = "cpu", dtype: torch.dtype = t
 
 
 def flux1_dev(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
-              transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0) -> FluxPipeline:
+              transformer_layers: int | None = None, max_sequence_length: int = 512, seed: int = 0,
+              pipeline_class: type = FluxPipeline) -> FluxPipeline:
     """A ``FluxPipeline`` shaped like FLUX.1-dev (19 double + 38 single blocks, guidance embedding, CLIP-L, T5-XXL).
 
     ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
+    ``pipeline_class``: ``FluxKontextPipeline`` for FLUX.1-Kontext-dev, whose transformer, VAE and text encoders
+    have FLUX.1-dev's shapes (BFL's flux ``util.py``: the ``flux-dev-kontext`` spec's params are ``flux-dev``'s).
     """
     device = _device(device)
     transformer = build_transformer("flux1-dev", device, dtype, transformer_layers, seed)
@@ -377,7 +412,7 @@ def flux1_dev(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfl
         clip = _finish(clip_text_encoder(text_layers, projection=False), device, dtype)
     with _building(device, seed + 3):
         t5 = _finish(t5_text_encoder(text_layers), device, dtype)
-    return FluxPipeline(
+    return pipeline_class(
         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**FLUX1_DEV_SCHEDULER), vae=vae,
         text_encoder=clip, tokenizer=tok.clip_tokenizer(),
         text_encoder_2=t5, tokenizer_2=tok.t5_tokenizer(max_sequence_length),
@@ -402,18 +437,41 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
                              vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
 
 
+def qwen_image_edit(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+                    text_layers: int | None = 2, transformer_layers: int | None = None,
+                    seed: int = 0) -> QwenImageEditPlusPipeline:
+    """A ``QwenImageEditPlusPipeline`` shaped like Qwen-Image-Edit-2509: Qwen-Image's parts (``qwen_image``) with
+    a processor for the input image (Qwen2.5-VL's 14 px patches, merged 2x2)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from components.models.qwenimage_edit import ImageQwen2VLProcessor
+    from components.models.tiny_qwenimage_edit import CORPUS as EDIT_CORPUS
+
+    device = _device(device)
+    tokenizer = tok.qwen_tokenizer(EDIT_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB + 100)
+    transformer = build_transformer("qwen-image-edit", device, dtype, transformer_layers, seed)
+    vae = build_vae("qwen-image-edit", device, dtype, seed + 1)
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN_SPECIAL_TOKENS}
+    with _building(device, seed + 2):
+        text_encoder = _finish(qwen_text_encoder(text_layers, special, len(tokenizer)), device, dtype)
+    processor = ImageQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
+    return QwenImageEditPlusPipeline(transformer=transformer,
+                                     scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae,
+                                     text_encoder=text_encoder, tokenizer=tokenizer, processor=processor)
+
+
 def flux2_klein(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
                 transformer_layers: int | None = None, max_sequence_length: int = 512,
-                seed: int = 0) -> Flux2KleinPipeline:
+                seed: int = 0, is_distilled: bool = True) -> Flux2KleinPipeline:
     """A ``Flux2KleinPipeline`` shaped like FLUX.2 [klein] 4B, step-distilled (5 double + 20 single blocks, the
     FLUX.2 VAE, Qwen3-4B, whose depth stays at least ``KLEIN_TEXT_LAYERS``). The tokenizer is the tiny klein one,
-    every prompt padded to ``max_sequence_length`` tokens.
+    every prompt padded to ``max_sequence_length`` tokens. ``is_distilled`` false: klein base 4B (CFG).
 
     ``transformer_layers`` counts double and single blocks together (see ``transformer_config``).
     """
     return _qwen3_pipeline("flux2-klein", Flux2KleinPipeline, klein_tokenizer(), qwen3_text_encoder,
                            FLUX1_DEV_SCHEDULER, _device(device), dtype, text_layers, transformer_layers,
-                           max_sequence_length, seed, is_distilled=True)
+                           max_sequence_length, seed, is_distilled=is_distilled)
 
 
 def zimage_text_encoder(layers: int | None, vocab_size: int, pad_token_id: int | None = None,
@@ -469,11 +527,40 @@ def wan21_1_3b(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
                        transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(**WAN_SCHEDULER))
 
 
+def clip_image_encoder(layers: int | None) -> CLIPVisionModel:
+    """Wan2.1-I2V's ViT-H/14 image encoder at real width; ``layers`` deep, at least 2 (the pipeline reads the
+    penultimate layer's states; None = real depth)."""
+    depth = _depth(CLIP_VIT_H_14["num_hidden_layers"], None if layers is None else max(layers, 2))
+    return CLIPVisionModel(CLIPVisionConfig(**{**CLIP_VIT_H_14, "num_hidden_layers": depth}))
+
+
+def wan21_i2v_14b(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
+                  transformer_layers: int | None = None, max_sequence_length: int = 512,
+                  seed: int = 0) -> WanImageToVideoPipeline:
+    """A ``WanImageToVideoPipeline`` shaped like Wan2.1 I2V 14B 480P (the 14B video DiT with image cross-attention,
+    the causal 3D VAE, UMT5-XXL, the ViT-H/14 image encoder, ``text_layers`` deep too); the tokenizer is the tiny
+    character-level T5."""
+    device = _device(device)
+    transformer = build_transformer("wan21-i2v-14b", device, dtype, transformer_layers, seed)
+    vae = build_vae("wan21-i2v-14b", device, dtype, seed + 1)
+    with _building(device, seed + 2):
+        text_encoder = _finish(umt5_text_encoder(text_layers), device, dtype)
+    with _building(device, seed + 3):
+        image_encoder = _finish(clip_image_encoder(text_layers), device, dtype)
+    return WanImageToVideoPipeline(
+        tokenizer=tok.t5_tokenizer(max_sequence_length), text_encoder=text_encoder, transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(**WAN_SCHEDULER), image_encoder=image_encoder,
+        image_processor=CLIPImageProcessorPil())
+
+
 BUILDERS: dict[str, Callable[..., object]] = {"sd35-medium": partial(sd35, "sd35-medium"),
                                               "sd35-large": partial(sd35, "sd35-large"),
                                               "flux1-dev": flux1_dev, "qwen-image": qwen_image,
                                               "flux2-klein": flux2_klein, "z-image": z_image,
-                                              "wan21-1.3b": wan21_1_3b}
+                                              "wan21-1.3b": wan21_1_3b, "wan21-i2v-14b": wan21_i2v_14b,
+                                              "flux1-kontext": partial(flux1_dev, pipeline_class=FluxKontextPipeline),
+                                              "flux2-klein-base": partial(flux2_klein, is_distilled=False),
+                                              "qwen-image-edit": qwen_image_edit}
 
 
 # --- real sizes, from meta builds ---
@@ -567,13 +654,22 @@ def wan21_text_encoders(layers: int | None = None) -> dict[str, int]:
     return {"text_encoder": _count(_meta(lambda: umt5_text_encoder(layers, REAL_VOCAB["umt5"])))}
 
 
+@cache
+def wan21_i2v_encoders(layers: int | None = None) -> dict[str, int]:
+    """Wan2.1 I2V's encoders that run once per prompt and are offloaded with the text encoder: UMT5-XXL and the
+    ViT-H/14 image encoder, real size or ``layers`` deep."""
+    return {**wan21_text_encoders(layers), "image_encoder": _count(_meta(lambda: clip_image_encoder(layers)))}
+
+
 def text_encoder_param_counts(family: str, layers: int | None = None) -> dict[str, int]:
     """Parameter counts of the family's text encoders, by pipeline component name: real, or ``layers`` deep at
     real width and vocabulary."""
     counts = {"sd35-medium": sd35_medium_text_encoders, "sd35-large": sd35_medium_text_encoders,
-              "flux1-dev": flux1_dev_text_encoders,
+              "flux1-dev": flux1_dev_text_encoders, "flux1-kontext": flux1_dev_text_encoders,
               "qwen-image": qwen_image_text_encoders, "flux2-klein": flux2_klein_text_encoders,
-              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders}
+              "z-image": z_image_text_encoders, "wan21-1.3b": wan21_text_encoders,
+              "wan21-i2v-14b": wan21_i2v_encoders, "flux2-klein-base": flux2_klein_text_encoders,
+              "qwen-image-edit": qwen_image_text_encoders}
     if family not in counts:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     return counts[family](layers)

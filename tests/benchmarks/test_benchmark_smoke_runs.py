@@ -56,7 +56,9 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
     "bench_memory.py": (["--depth", "2", "--cpu-families", "sd35-medium"], [
         *(rf"(?m)^{recipe}: per worker" for recipe in ("sd35-medium-ocr", "sd35-large-ocr", "flux1-dev-pickscore",
                                                         "qwenimage-ocr", "flux2-klein-pickscore",
-                                                        "zimage-pickscore", "wan21-t2v-1.3b-pickscore")),
+                                                        "zimage-pickscore", "wan21-t2v-1.3b-pickscore",
+                                                        "flux1-kontext-edit", "wan21-i2v-14b-480p",
+                                                        "flux2-klein-edit", "qwenimage-edit-2509")),
         rf"(?m)^\* ckpt (?:on|off)\s+offload (?:on|off)\s+(?:none|fsdp)\s+{NUM}\s+{NUM}\s+{NUM}\s+{NUM}\s+fits",
         # the measured leg: the trainer's epoch, its training phase's peak RSS with checkpointing off and on
         rf"(?m)^\s+sd35-medium\s+training: checkpointing off\s+{POSITIVE} \(estimated\s+{POSITIVE}\), "

@@ -117,3 +117,20 @@ def test_a_trained_edit_lora_reloads_and_the_registered_model_edits_the_given_im
     assert np.array_equal(decode_image_b64(frame["image_png_b64"][0], 4096)[None], trained)
     with pytest.raises(ValueError, match="input_image_b64 is missing on row 1"):
         served.predict(None, {"prompt": ["a", "b"], "input_image_b64": [encode_png_b64(source), None]})
+
+
+def test_generate_samples_runs_of_one_prompt_and_input_in_one_call_each():
+    """Pipelines that take one prompt and one set of input images per call (Qwen-Image-Edit, Wan2.1 I2V, FLUX.2
+    klein's references) are called once per run of rows sharing both: each run's images are what a call of that run
+    alone, from the same generator state, makes."""
+    from components.models.generate import _runs, generate
+
+    a, b = np.zeros((32, 32, 3), np.uint8), np.full((32, 32, 3), 200, np.uint8)
+    assert _runs(["x", "x", "y", "y", "y"], [[a], [a], [a], [b], [b]]) == [(0, 2), (2, 3), (3, 5)]
+    assert _runs(["x", "y"], None) == [(0, 2)]
+    model = load_model(ModelConfig(kind="tiny-flux-kontext", resolution=32), 0)
+    kw = {"resolution": 32, "num_steps": 2, "guidance_scale": 3.5, "seed": 3}
+    both = generate(model, ["make it red", "make it red", "add a dot"], images=[[a], [a], [b]], **kw)
+    first = generate(model, ["make it red", "make it red"], images=[[a], [a]], **kw)
+    assert both.shape == (3, 32, 32, 3) and np.array_equal(both[:2], first)
+    assert not np.array_equal(both[2], first[0])

@@ -10,6 +10,7 @@ from rescoring import assert_ratio_is_one
 from safetensors.torch import load_file
 
 from components.algorithms.flow_grpo import FlowGRPO
+from components.dataset.prepared import PromptRow
 from components.errors import ConfigError
 from components.flowgrpo.prompt_cache import PromptEncoder
 from components.flowgrpo.rollout import sample_rollout, step_log_prob
@@ -133,8 +134,9 @@ def test_cached_embeddings_equal_encoding_the_prompts_together(kind):
     config = _config(kind)
     model = load_model(config.model, 0)
     direct = model.encode_prompts([PROMPTS[1], PROMPTS[0], PROMPTS[1]])
-    encoder = PromptEncoder(model, PROMPTS, offload=True, cache_gib=1.0, log=_quiet)
-    cached = encoder([PROMPTS[1], PROMPTS[0], PROMPTS[1]])
+    rows = [PromptRow(p) for p in PROMPTS]
+    encoder = PromptEncoder(model, rows, resolution=config.model.resolution, offload=True, cache_gib=1.0, log=_quiet)
+    cached = encoder([rows[1], rows[0], rows[1]])
     assert cached.tensors.keys() == direct.tensors.keys()
     for key, value in direct.tensors.items():
         assert cached.tensors[key].shape == value.shape, key

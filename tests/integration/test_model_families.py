@@ -446,7 +446,8 @@ def test_a_loaded_flux_rejects_train_cfg_and_a_schnell_like_one_rejects_guidance
 
 
 @pytest.mark.parametrize("path", ["flux1-dev-pickscore.yaml", "qwenimage-ocr.yaml", "flux2-klein-pickscore.yaml",
-                                  "zimage-pickscore.yaml", "wan21-t2v-1.3b-pickscore.yaml"])
+                                  "zimage-pickscore.yaml", "wan21-t2v-1.3b-pickscore.yaml",
+                                  "flux1-kontext-edit.yaml"])
 def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
     sys.path.insert(0, str(REPO / "tests"))
     import rayjob_schema

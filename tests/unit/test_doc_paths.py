@@ -52,6 +52,9 @@ UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_
             "src/flow_factory/models/z_image/z_image.py", "examples/grpo/lora/wan21/t2v.yaml",
             "src/flow_factory/models/wan/wan2_t2v.py", "verl_omni/trainer/diffusion/diffusion_algos.py",
             "scripts/finetune/finetune_flux_grpo.sh", "src/flow_factory/scheduler/flow_match_euler_discrete.py"}
+UPSTREAM |= {"scripts/train_flux_kontext.py", "flux_kontext_pipeline_with_logprob.py",  # FLUX.1-Kontext (and
+             "src/flow_factory/models/flux/flux1_kontext.py", "examples/grpo/lora/flux1_kontext/default.yaml",
+             "pipeline_flux_kontext.py"}  # diffusers' pipeline file)
 UPSTREAM |= {"fastvideo/train_grpo_flux.py", "train_grpo_flux.py", "fastvideo/utils/grpo_states.py",  # MixGRPO
              "fastvideo/utils/sampling_utils.py", "scripts/finetune/finetune_flux_grpo_MixGRPO.sh",
              "scripts/finetune/finetune_flux_grpo_MixGRPO_Flash.sh"}
@@ -60,6 +63,8 @@ UPSTREAM |= {"advantage_weighted_matching/scripts/train_sd3_awm.py", "config/dgx
 UPSTREAM |= {"scripts/train_sd3_dpo.py", "config/dpo.py", "src/flow_factory/trainers/rl/dpo.py",  # online DPO
              "src/flow_factory/hparams/training_args/dpo.py",
              "examples/dpo_trainer/qwen_image/run_qwen_image_online_dpo_lora.sh"}
+UPSTREAM |= {"examples/grpo/lora/wan21/i2v.yaml", "src/flow_factory/models/wan/wan2_i2v.py"}  # Wan2.1 I2V
+UPSTREAM |= {"examples/grpo/lora/flux2_klein_base/default.yaml"}  # FLUX.2 klein with references
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
