@@ -65,6 +65,8 @@ UPSTREAM |= {"scripts/train_sd3_dpo.py", "config/dpo.py", "src/flow_factory/trai
              "examples/dpo_trainer/qwen_image/run_qwen_image_online_dpo_lora.sh"}
 UPSTREAM |= {"examples/grpo/lora/wan21/i2v.yaml", "src/flow_factory/models/wan/wan2_i2v.py"}  # Wan2.1 I2V
 UPSTREAM |= {"examples/grpo/lora/flux2_klein_base/default.yaml"}  # FLUX.2 klein with references
+UPSTREAM |= {"examples/grpo/lora/qwen_image_edit_plus/default.yaml",  # Qwen-Image-Edit-2509
+             "scripts/train_qwenimage_edit.py"}
 _CODE = re.compile(r"^```[^\n]*\n(.*?)^```|`([^`\n]+)`|\]\(([^)\s]+)\)|^(?: {4}|#+ )([^\n]*)", re.M | re.S)
 _FENCED = re.compile(r"^```.*?^```", re.M | re.S)
 README_MAX_LINES = 250  # a first visit reads it in five minutes; the rest is in docs/
