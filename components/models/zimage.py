@@ -31,10 +31,10 @@ class ZImageModel(FlowMatchingModel):
         return {"guidance_scale": guidance_scale - 1.0, "cfg_normalization": False, "cfg_truncation": 1.0,
                 "max_sequence_length": self.max_sequence_length}
 
-    def pipeline_inputs(self, prompts: list[str], guidance_scale: float) -> dict:
+    def pipeline_inputs(self, prompts: list[str], guidance_scale: float, images: list[list] | None = None) -> dict:
         # copies: the pipeline writes the chat-templated text into the prompt lists it is given, and takes one
         # negative prompt per prompt (no shorter list)
-        return {**super().pipeline_inputs(list(prompts), guidance_scale),
+        return {**super().pipeline_inputs(list(prompts), guidance_scale, images),
                 "negative_prompt": [self.negative_prompt] * len(prompts)}
 
     @torch.no_grad()
