@@ -101,7 +101,7 @@ def test_offloaded_text_encoders_are_released_and_the_run_is_unchanged(kind, tmp
                                 "train.gradient_checkpointing=true"), tmp_path / "offloaded", log=lines.append)
     present = [n for n in TEXT_ENCODERS if getattr(plain.model.pipeline, n, None) is not None]
     assert present and all(getattr(offloaded.model.pipeline, n, None) is None for n in present)
-    assert set(offloaded.prompts.cache) == {r.prompt for r in offloaded.rows}
+    assert set(offloaded.prompts.cache) == {r.key for r in offloaded.rows}
     assert any(line.startswith(f"text encoders released: {len(offloaded.rows)} prompt embeddings cached")
                for line in lines)
     a, b = plain.fit(), offloaded.fit()

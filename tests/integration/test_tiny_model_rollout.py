@@ -117,6 +117,10 @@ def test_diffusers_kind_rejects_other_pipelines(tmp_path):
     from components.errors import ModelLoadError
 
     (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusionXLPipeline"}')
-    with pytest.raises(ModelLoadError, match="holds a StableDiffusionXLPipeline; supported pipelines: "
-                                             "StableDiffusion3Pipeline, FluxPipeline, QwenImagePipeline"):
+    with pytest.raises(ModelLoadError, match="holds a StableDiffusionXLPipeline; supported pipelines: ") as err:
         load_model(ModelConfig(kind="diffusers", path=str(tmp_path)), 0)
+    supported = str(err.value).split("supported pipelines: ", 1)[1].split(", ")
+    assert {"StableDiffusion3Pipeline", "FluxPipeline", "FluxKontextPipeline", "QwenImagePipeline",
+            "QwenImageEditPlusPipeline", "ZImagePipeline", "Flux2KleinPipeline", "WanPipeline",
+            "WanImageToVideoPipeline"} <= set(supported)
+    assert "StableDiffusionXLPipeline" not in supported
