@@ -36,7 +36,7 @@ from components.models.shapes_pretrain import (
     _logit_normal,
     _pixels,
     _Printer,
-    _warmup,
+    _Steps,
 )
 from components.rewards.shape_edits import edit_triples
 from components.rewards.shapes_edit import edit_scores
@@ -90,8 +90,7 @@ def train(model: FluxKontextModel, text: PromptEmbeddings, index: torch.Tensor, 
     transformer = model.transformer
     transformer.train().requires_grad_(True)
     params = list(transformer.parameters())
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=1e-4)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup(s, config.warmup))
+    steps = _Steps(params, config.lr, 1e-4, config.warmup, clip=1.0)
     losses = []
     for step in range(config.steps):
         rows = torch.randint(len(targets), (config.batch,), generator=generator)
@@ -103,13 +102,8 @@ def train(model: FluxKontextModel, text: PromptEmbeddings, index: torch.Tensor, 
             embeds = PromptEmbeddings({**text.select(index[rows[part]]).tensors, "image_latents": sources[rows[part]]})
             velocity = model._forward((1 - sigma) * x0 + sigma * eps, sigma, embeds, 1.0)
             loss = loss + (velocity - (eps - x0)).pow(2).mean() / config.sigma_groups
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        progress("flow", step + 1, config.steps, loss.item())
+        losses.append(steps.take(loss))
+        progress("flow", step + 1, config.steps, losses[-1])
         if snapshot is not None:
             snapshot(step + 1)
     transformer.eval().requires_grad_(False)

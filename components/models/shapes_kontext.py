@@ -15,10 +15,8 @@ from pathlib import Path
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
-from safetensors.torch import load_file
 from transformers import CLIPTextModel
 
-from components.errors import ModelLoadError
 from components.models import shapes_sd3
 from components.models.config import SHAPES_RESOLUTION as RESOLUTION
 from components.models.tiny_sd3 import LATENT_CHANNELS
@@ -58,12 +56,8 @@ def build_architecture(seed: int, sd3_weights: Path = shapes_sd3.WEIGHTS) -> Flu
 
 def load_shapes_kontext(resolution: int, seed: int, weights: Path = WEIGHTS) -> FluxKontextPipeline:
     """The pretrained editing pipeline (``seed`` is unused: the weights are fixed), in eval mode, float32."""
-    if resolution != RESOLUTION:  # ModelConfig refuses it first; this guards direct callers
-        raise ModelLoadError(f"the shapes-kontext demo model was trained at {RESOLUTION} px, not {resolution}")
-    if not weights.is_file():
-        raise ModelLoadError(f"the shapes-kontext weights are missing ({weights}); rebuild them with "
-                             "`python -m components.models.shapes_edit_pretrain`")
+    tensors = shapes_sd3.demo_weights("shapes-kontext", resolution, weights, "components.models.shapes_edit_pretrain")
     pipe = build_architecture(0)
-    pipe.transformer.load_state_dict(load_file(str(weights)))
+    pipe.transformer.load_state_dict(tensors)
     pipe.transformer.eval().requires_grad_(False)
     return pipe

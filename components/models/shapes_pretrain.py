@@ -66,24 +66,38 @@ def _warmup(step: int, warmup: int) -> float:
 Progress = Callable[[str, int, int, float], None]
 
 
+class _Steps:
+    """AdamW with a linear warm-up; ``take(loss)`` backpropagates ``loss``, steps, and returns it as a float."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float, weight_decay: float, warmup: int,
+                 clip: float | None = None) -> None:
+        self.params, self.clip = params, clip
+        self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: _warmup(s, warmup))
+
+    def take(self, loss: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.optimizer.step()
+        self.schedule.step()
+        return loss.item()
+
+
 def train_vae(vae, pixels: torch.Tensor, config: PretrainConfig, generator: torch.Generator,
               progress: Progress) -> list[float]:
     """Reconstruction (MSE) plus a small KL term, on posterior samples so the decoder tolerates latent noise."""
     vae.train().requires_grad_(True)
-    optimizer = torch.optim.AdamW(vae.parameters(), lr=config.vae_lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup(s, config.warmup))
+    steps = _Steps(list(vae.parameters()), config.vae_lr, 0.0, config.warmup)
     losses = []
     for step in range(config.vae_steps):
         batch = pixels[torch.randint(len(pixels), (config.vae_batch,), generator=generator)]
         posterior = vae.encode(batch).latent_dist
         latents = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=generator)
         loss = (vae.decode(latents).sample - batch).pow(2).mean() + config.vae_kl_weight * posterior.kl().mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        progress("vae", step + 1, config.vae_steps, loss.item())
+        losses.append(steps.take(loss))
+        progress("vae", step + 1, config.vae_steps, losses[-1])
     vae.eval().requires_grad_(False)
     return losses
 
@@ -109,8 +123,7 @@ def train_flow(pipe, latents: torch.Tensor, prompts: list[str], config: Pretrain
     for module in modules:
         module.train().requires_grad_(True)
     params = [p for module in modules for p in module.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=config.flow_lr, weight_decay=1e-4)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup(s, config.warmup))
+    steps = _Steps(params, config.flow_lr, 1e-4, config.warmup, clip=1.0)
     losses = []
     for step in range(config.flow_steps):
         index = torch.randint(len(latents), (config.flow_batch,), generator=generator)
@@ -124,13 +137,8 @@ def train_flow(pipe, latents: torch.Tensor, prompts: list[str], config: Pretrain
         velocity = pipe.transformer(hidden_states=noisy, timestep=sigma * 1000, encoder_hidden_states=embeds,
                                     pooled_projections=pooled).sample
         loss = (velocity - (noise - x0)).pow(2).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        progress("flow", step + 1, config.flow_steps, loss.item())
+        losses.append(steps.take(loss))
+        progress("flow", step + 1, config.flow_steps, losses[-1])
     for module in modules:
         module.eval().requires_grad_(False)
     return losses

@@ -63,14 +63,19 @@ def state_dict(pipe: StableDiffusion3Pipeline) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def demo_weights(kind: str, resolution: int, weights: Path, pretrain_module: str) -> dict[str, torch.Tensor]:
+    """A demo model's saved tensors, refused in one line at another resolution or when the file is missing."""
+    if resolution != RESOLUTION:  # ModelConfig refuses it first; this guards direct callers
+        raise ModelLoadError(f"the {kind} demo model was trained at {RESOLUTION} px, not {resolution}")
+    if not weights.is_file():
+        raise ModelLoadError(f"the {kind} weights are missing ({weights}); rebuild them with "
+                             f"`python -m {pretrain_module}`")
+    return load_file(str(weights))
+
+
 def load_shapes_sd3(resolution: int, seed: int, weights: Path = WEIGHTS) -> StableDiffusion3Pipeline:
     """The pretrained demo pipeline (``seed`` is unused: the weights are fixed), in eval mode, float32."""
-    if resolution != RESOLUTION:  # ModelConfig refuses it first; this guards direct callers
-        raise ModelLoadError(f"the shapes-sd3 demo model was trained at {RESOLUTION} px, not {resolution}")
-    if not weights.is_file():
-        raise ModelLoadError(f"the shapes-sd3 weights are missing ({weights}); rebuild them with "
-                             "`python -m components.models.shapes_pretrain`")
-    tensors = load_file(str(weights))
+    tensors = demo_weights("shapes-sd3", resolution, weights, "components.models.shapes_pretrain")
     scaling, shift = tensors.pop("latent_scaling").tolist()
     pipe = build_architecture(0, scaling_factor=scaling, shift_factor=shift)
     for name in MODULES:
