@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from rescoring import assert_rescoring_is_exact
+from sde_reference import sde_transition
 
 from components.errors import ConfigError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
@@ -200,11 +201,7 @@ def test_flux2_klein_step_log_prob_equals_a_float64_transcription_of_its_convent
                            for i, k in enumerate(rollout.prompt_index)])
             uncond = velocity(x, s, "")
         v = uncond + scale * (v - uncond)
-        std_dev_t = noise_level * math.sqrt(s / (1 - (s_next if s == 1 else s)))
-        dt = s_next - s
-        mean = x * (1 + std_dev_t**2 / (2 * s) * dt) + v * (1 + std_dev_t**2 * (1 - s) / (2 * s)) * dt
-        noise_std = std_dev_t * math.sqrt(s - s_next)
-        return mean, torch.distributions.Normal(mean, noise_std).log_prob(prev).flatten(1).mean(1)
+        return sde_transition(x, prev, v, s, s_next, noise_level)
 
     for t in st.train_steps:
         log_prob, mean, _ = step_log_prob(model, rollout, torch.arange(4), t, st, g)
@@ -447,7 +444,8 @@ def test_a_loaded_flux_rejects_train_cfg_and_a_schnell_like_one_rejects_guidance
 
 @pytest.mark.parametrize("path", ["flux1-dev-pickscore.yaml", "qwenimage-ocr.yaml", "flux2-klein-pickscore.yaml",
                                   "zimage-pickscore.yaml", "wan21-t2v-1.3b-pickscore.yaml",
-                                  "flux1-kontext-edit.yaml"])
+                                  "flux1-kontext-edit.yaml", "qwenimage-edit-2509.yaml", "flux2-klein-edit.yaml",
+                                  "wan21-i2v-14b-480p.yaml"])
 def test_gpu_configs_give_valid_rayjobs_for_a_gpu_pool(path):
     sys.path.insert(0, str(REPO / "tests"))
     import rayjob_schema

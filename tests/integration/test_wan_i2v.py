@@ -286,22 +286,13 @@ def test_tiny_wan_i2v_config_learns_from_rows_with_input_images(tmp_path):
     assert "LEARNED" in proc.stdout
 
 
-def test_the_14b_recipe_gives_a_valid_rayjob_and_its_real_shape_pipeline_the_published_sizes():
-    sys.path.insert(0, str(REPO / "tests"))
+def test_the_14b_recipe_shards_and_its_real_shape_pipeline_has_the_published_sizes():
+    # its RayJob is validated with the other GPU recipes' (test_model_families.py)
     sys.path.insert(0, str(REPO / "tests" / "benchmarks"))
-    import rayjob_schema
     import real_shapes
 
-    from components.launch.kubernetes.rayjob_manifest import build_rayjob
-    from components.trainer.loop import check_world_size
-
     config = load_config(CONFIG_DIR / "wan21-i2v-14b-480p.yaml")
-    manifest = build_rayjob(config, run_id="run-1", output="s3://flowgrpo/runs/t", parent_run_id=None)
-    assert rayjob_schema.errors(manifest) == []
-    (group,) = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    assert str(group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) == "1"
-    assert group["replicas"] == 8 and config.train.sharding == "fsdp" and config.model.offload_text_encoders
-    check_world_size(config, config.cluster.workers.training_workers)
+    assert config.train.sharding == "fsdp" and config.model.offload_text_encoders
     # Wan-AI/Wan2.1-I2V-14B-480P: the transformer's bf16 shards are 32.8 GB (16.4B parameters), the ViT-H/14 image
     # encoder 0.63B, UMT5-XXL 5.68B
     assert real_shapes.transformer_param_count("wan21-i2v-14b") == pytest.approx(16.39e9, rel=0.005)
