@@ -80,12 +80,22 @@ def run_on_ray(config: TrainingJobConfig, out: RunOutput, workers: int, tracker:
     RayJob) or starts a local one. WorkersLostError when the workers cannot go on (``config.distributed``)."""
     import ray
 
-    with _ray_session(ray):
+    with _ray_session(ray, log):
         _fit(ray, config, out, workers, tracker, log)
 
 
+class LocalRayStartError(FlowGRPOError):
+    """The local Ray did not come up in any of ``LOCAL_RAY_STARTS`` tries."""
+
+
+LOCAL_RAY_STARTS = 3
+# Ray waits a fixed 30 s for its raylet to register with the GCS and then gives up with this message; on a machine
+# busy with other work that can happen once and not the next time
+_RAY_START_TIMEOUT = "timed out during startup"
+
+
 @contextlib.contextmanager
-def _ray_session(ray: Any) -> Iterator[None]:
+def _ray_session(ray: Any, log: Callable[[str], None] = print) -> Iterator[None]:
     """Join the Ray at $RAY_ADDRESS (a RayJob's), or start one of our own whose address every process it starts
     knows. ray.init() without an address would join any Ray already running on this machine (another user's),
     or fail with "Found multiple active Ray instances" when there are several; so does Ray Train's own
@@ -96,16 +106,33 @@ def _ray_session(ray: Any) -> Iterator[None]:
             ray.init(address=environ.RAY_ADDRESS.value(), log_to_driver=True)
         yield
         return
-    with socket.socket() as s:  # a free port for the GCS (bound on every interface, as Ray's head binds)
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    with environ.patched_environ({environ.RAY_GCS_SERVER_PORT.name: str(port),
-                          environ.RAY_ADDRESS.name: f"{ray.util.get_node_ip_address()}:{port}"}):
-        # Ray starts its workers at niceness 15: on a machine with anything else busy (the reward server scoring,
-        # a vLLM judge, other jobs) the training workers would get a few percent of a core (seen: a 1-minute run
-        # taking 7). Training is this Ray's only work, so its workers run at the driver's priority.
-        ray.init(address="local", log_to_driver=True, _system_config={"worker_niceness": os.nice(0)})
-        yield
+    for attempt in range(1, LOCAL_RAY_STARTS + 1):
+        with socket.socket() as s:  # a free port for the GCS (bound on every interface, as Ray's head binds)
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        with environ.patched_environ({environ.RAY_GCS_SERVER_PORT.name: str(port),
+                                      environ.RAY_ADDRESS.name: f"{ray.util.get_node_ip_address()}:{port}"}):
+            try:
+                # Ray starts its workers at niceness 15: on a machine with anything else busy (the reward server
+                # scoring, a vLLM judge, other jobs) the training workers would get a few percent of a core (seen: a
+                # 1-minute run taking 7). Training is this Ray's only work, so its workers run at the driver's
+                # priority.
+                ray.init(address="local", log_to_driver=True, _system_config={"worker_niceness": os.nice(0)})
+            except Exception as exc:  # Ray raises a bare Exception for this
+                if _RAY_START_TIMEOUT not in str(exc):
+                    raise
+                ray.shutdown()
+                if attempt == LOCAL_RAY_STARTS:
+                    raise LocalRayStartError(
+                        f"the local Ray did not start in {LOCAL_RAY_STARTS} tries (each time its raylet did not "
+                        f"register within Ray's 30 s: {exc}); the machine is likely too busy (load average "
+                        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs): run again when it is less loaded"
+                    ) from None
+                log(f"the local Ray did not start (try {attempt} of {LOCAL_RAY_STARTS}: its raylet did not "
+                    "register within Ray's 30 s, the machine is busy); starting it again")
+                continue
+            yield
+            return
 
 
 def _fit(ray: Any, config: TrainingJobConfig, out: RunOutput, workers: int, tracker: NullTracker,

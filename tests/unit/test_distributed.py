@@ -93,3 +93,54 @@ def test_a_node_is_dead_unreachable_or_up():
     closed = dict(up)  # nothing listens there any more: a raylet that is gone
     assert _node_state(closed) == "unreachable"
     assert _node_state({**up, "Alive": False}) == "dead"
+
+
+class _SlowStartingRay:
+    """A stand-in for the ``ray`` module whose local start fails ``failures`` times as Ray's does when its raylet
+    does not register in time, then succeeds; it records the GCS address each start was given."""
+
+    TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet failed to "
+               "startup or the GCS has become overloaded.")
+
+    def __init__(self, failures: int, error: str = TIMEOUT) -> None:
+        self.failures, self.error = failures, error
+        self.addresses: list[str] = []
+        self.shutdowns = 0
+        self.util = type("util", (), {"get_node_ip_address": staticmethod(lambda: "127.0.0.1")})
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **kwargs) -> None:
+        self.addresses.append(os.environ["RAY_ADDRESS"])
+        if len(self.addresses) <= self.failures:
+            raise Exception(self.error)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_a_local_ray_that_times_out_at_start_is_started_again_and_the_third_timeout_is_one_clear_error(monkeypatch):
+    from components.trainer.ray_train import LocalRayStartError, _ray_session
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    lines: list[str] = []
+    ray, ran = _SlowStartingRay(failures=2), []
+    with _ray_session(ray, lines.append):
+        ran.append(os.environ["RAY_ADDRESS"])
+    assert len(ray.addresses) == 3 and ray.shutdowns == 2 and ran == ray.addresses[-1:]
+    assert [line.split(":")[0] for line in lines] == ["the local Ray did not start (try 1 of 3",
+                                                      "the local Ray did not start (try 2 of 3"]
+    assert "RAY_ADDRESS" not in os.environ  # restored after the session
+
+    ray, ran = _SlowStartingRay(failures=3), []
+    with pytest.raises(LocalRayStartError, match=r"did not start in 3 tries .* the machine is likely too busy"):
+        with _ray_session(ray, lines.append):
+            ran.append(True)
+    assert ran == [] and len(ray.addresses) == 3 and ray.shutdowns == 3
+
+    ray = _SlowStartingRay(failures=1, error="some other start failure")  # not retried: not a busy machine's
+    with pytest.raises(Exception, match="some other start failure"):
+        with _ray_session(ray, lines.append):
+            ran.append(True)
+    assert ran == [] and len(ray.addresses) == 1 and ray.shutdowns == 0
