@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -351,13 +351,29 @@ class FlowMatchingModel(ABC):
         )
 
 
+def same_images(a: Sequence, b: Sequence) -> bool:
+    """Whether two rows of input images (uint8 arrays or PIL images) are the same images in the same order."""
+    return len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True))
+
+
+def input_pixels(images: torch.Tensor) -> torch.Tensor:
+    """Input images as the adapters take them (``model_input``: float in [-1, 1]) -> the uint8 pixels they were
+    made of, in the same layout."""
+    return ((images.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+
+
+def wan_latent_stats(vae, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-channel latents_mean and latents_std of Wan's causal 3D VAE, shaped (1, C, 1, 1, 1)."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    return (torch.tensor(vae.config.latents_mean, device=device, dtype=dtype).view(shape),
+            torch.tensor(vae.config.latents_std, device=device, dtype=dtype).view(shape))
+
+
 def decode_wan_vae(vae, z: torch.Tensor) -> torch.Tensor:
     """Pixels in [0, 1], float32, (B, 3, F, H, W), of normalised latents (B, C, T, H, W) of Wan's causal 3D VAE
     (Wan, and Qwen-Image's one frame): each channel un-normalised by the VAE's latents_mean / latents_std."""
     z = z.to(vae.dtype)
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean, device=z.device, dtype=z.dtype).view(shape)
-    std = torch.tensor(vae.config.latents_std, device=z.device, dtype=z.dtype).view(shape)
+    mean, std = wan_latent_stats(vae, z.device, z.dtype)
     video = vae.decode(z * std + mean, return_dict=False)[0]
     return (video.float() / 2 + 0.5).clamp(0, 1)
 

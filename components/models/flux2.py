@@ -23,11 +23,10 @@ The family's conventions, mapped onto the shared sampler:
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from components.errors import ModelLoadError
-from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
+from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings, same_images
 from components.models.config import GuidanceMode
 
 # Flow-Factory's default klein targets (src/flow_factory/models/flux/flux2_klein.py, commit a0b2bc5a): the joint
@@ -81,10 +80,7 @@ class Flux2KleinModel(FlowMatchingModel):
             inputs["negative_prompt_embeds"] = negative.expand_to(len(prompts)).tensors["prompt_embeds"]
         if images and images[0]:
             # the pipeline's ``image=`` is one list of references for the whole batch
-            first = [np.asarray(image) for image in images[0]]
-            if not all(len(row) == len(first) and all(np.array_equal(np.asarray(a), b)
-                                                      for a, b in zip(row, first, strict=True))
-                       for row in images[1:]):
+            if not all(same_images(row, images[0]) for row in images[1:]):
                 raise ValueError("Flux2KleinPipeline takes one set of reference images for all the prompts of a "
                                  "call; call it once per prompt when their references differ")
             inputs["image"] = list(images[0])

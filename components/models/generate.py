@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from components.models.base import FlowMatchingModel
+from components.models.base import FlowMatchingModel, same_images
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 
@@ -48,6 +48,6 @@ def _runs(prompts: list[str], images: list[list[np.ndarray]] | None) -> list[tup
     when there are no input images (one call, as before editing existed)."""
     if images is None:
         return [(0, len(prompts))]
-    starts = [0] + [i for i in range(1, len(prompts)) if prompts[i] != prompts[i - 1] or len(images[i]) != len(
-        images[i - 1]) or any(not np.array_equal(a, b) for a, b in zip(images[i], images[i - 1], strict=True))]
+    starts = [0] + [i for i in range(1, len(prompts))
+                    if prompts[i] != prompts[i - 1] or not same_images(images[i], images[i - 1])]
     return list(zip(starts, [*starts[1:], len(prompts)], strict=True))

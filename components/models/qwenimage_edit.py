@@ -25,7 +25,7 @@ from PIL import Image
 from transformers import Qwen2VLProcessor
 
 from components.errors import ModelLoadError
-from components.models.base import PromptEmbeddings
+from components.models.base import PromptEmbeddings, input_pixels, same_images
 from components.models.qwenimage import QwenImageModel
 
 NEGATIVE_KEYS = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
@@ -54,9 +54,7 @@ class QwenImageEditModel(QwenImageModel):
             return inputs
         # the pipeline's __call__ refuses a batch (its image list is one prompt's references) but makes several
         # samples of one prompt and image (the evaluation's images_per_prompt)
-        same = all(p == prompts[0] for p in prompts) and all(
-            len(row) == len(images[0]) and all(np.array_equal(np.asarray(a), np.asarray(b))
-                                               for a, b in zip(row, images[0], strict=True)) for row in images)
+        same = all(p == prompts[0] for p in prompts) and all(same_images(row, images[0]) for row in images)
         if not same:
             raise ModelLoadError(f"{type(self.pipeline).__name__} edits one prompt and input image per call; got "
                                  f"{len(prompts)} different ones")
@@ -118,5 +116,4 @@ class QwenImageEditModel(QwenImageModel):
 
 def _pil(image: torch.Tensor) -> Image.Image:
     """(3, R, R) in [-1, 1] (an exact image of uint8 pixels, ``model_input``) -> the PIL image it came from."""
-    pixels = ((image.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
-    return Image.fromarray(np.ascontiguousarray(pixels.permute(1, 2, 0).cpu().numpy()))
+    return Image.fromarray(np.ascontiguousarray(input_pixels(image).permute(1, 2, 0).cpu().numpy()))

@@ -18,11 +18,10 @@ the input image is cropped to its centre square first (``components/dataset/inpu
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from components.errors import DataError, ModelLoadError
-from components.models.base import PromptEmbeddings
+from components.models.base import PromptEmbeddings, input_pixels, same_images, wan_latent_stats
 from components.models.wan import WanModel
 
 
@@ -51,8 +50,7 @@ class WanImageToVideoModel(WanModel):
             return inputs
         # the pipeline animates one image per call, repeated over its prompts (a list of several would be
         # encoded once per prompt per image)
-        first = np.asarray(images[0][0])
-        if any(not np.array_equal(np.asarray(row[0]), first) for row in images[1:]):
+        if not all(same_images(row[:1], images[0][:1]) for row in images[1:]):
             raise DataError("WanImageToVideoPipeline animates one input image per call; call it once per image")
         return {**inputs, "image": images[0][0]}
 
@@ -76,8 +74,7 @@ class WanImageToVideoModel(WanModel):
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
         """(B, 3, R, R) in [-1, 1] -> the CLIP image encoder's penultimate states (B, tokens, width), through the
         pipeline's own ``encode_image`` and image processor, which take the images' uint8 pixels."""
-        uint8 = ((pixels.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
-        arrays = list(uint8.permute(0, 2, 3, 1).cpu().numpy())
+        arrays = list(input_pixels(pixels).permute(0, 2, 3, 1).cpu().numpy())
         return self.pipeline.encode_image(arrays, self.device).to(self.dtype)
 
     def encode_condition(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -87,9 +84,7 @@ class WanImageToVideoModel(WanModel):
         b, c, h, w = pixels.shape
         video = torch.cat([pixels[:, :, None], pixels.new_zeros(b, c, self.num_frames - 1, h, w)], dim=2)
         z = vae.encode(video.to(vae.device, vae.dtype)).latent_dist.mode().to(self.device, torch.float32)
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean, device=z.device).view(shape)
-        std = torch.tensor(vae.config.latents_std, device=z.device).view(shape)
+        mean, std = wan_latent_stats(vae, z.device, torch.float32)
         # pixel frame 0 fills the first latent frame's group of vae_scale_factor_temporal frames alone (the VAE is
         # causal), every later group holds generated frames: ones on latent frame 0, zeros after
         mask = torch.zeros(b, self.pipeline.vae_scale_factor_temporal, *z.shape[2:], device=z.device)
