@@ -426,15 +426,21 @@ def qwen_image(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bf
     The tokenizer is the tiny Qwen BPE trained on the pipeline's prompt template, so the template prefix is the
     34 tokens the pipeline drops, as with the real vocabulary.
     """
-    device = _device(device)
-    tokenizer = tok.qwen_tokenizer(QWEN_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB)
+    return QwenImagePipeline(**_qwen_image_parts(tok.qwen_tokenizer(QWEN_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB),
+                                                 _device(device), dtype, text_layers, transformer_layers, seed))
+
+
+def _qwen_image_parts(tokenizer, device: torch.device, dtype: torch.dtype, text_layers: int | None,
+                      transformer_layers: int | None, seed: int) -> dict:
+    """Qwen-Image's transformer, VAE, scheduler and Qwen2.5-VL text encoder (sized to ``tokenizer``), both
+    Qwen-Image pipelines' parts."""
     transformer = build_transformer("qwen-image", device, dtype, transformer_layers, seed)
     vae = build_vae("qwen-image", device, dtype, seed + 1)
     special = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN_SPECIAL_TOKENS}
     with _building(device, seed + 2):
         text_encoder = _finish(qwen_text_encoder(text_layers, special, len(tokenizer)), device, dtype)
-    return QwenImagePipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
-                             vae=vae, text_encoder=text_encoder, tokenizer=tokenizer)
+    return {"transformer": transformer, "scheduler": FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER),
+            "vae": vae, "text_encoder": text_encoder, "tokenizer": tokenizer}
 
 
 def qwen_image_edit(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
@@ -447,17 +453,10 @@ def qwen_image_edit(device: torch.device | str = "cpu", dtype: torch.dtype = tor
     from components.models.qwenimage_edit import ImageQwen2VLProcessor
     from components.models.tiny_qwenimage_edit import CORPUS as EDIT_CORPUS
 
-    device = _device(device)
     tokenizer = tok.qwen_tokenizer(EDIT_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB + 100)
-    transformer = build_transformer("qwen-image-edit", device, dtype, transformer_layers, seed)
-    vae = build_vae("qwen-image-edit", device, dtype, seed + 1)
-    special = {t: tokenizer.convert_tokens_to_ids(t) for t in tok.QWEN_SPECIAL_TOKENS}
-    with _building(device, seed + 2):
-        text_encoder = _finish(qwen_text_encoder(text_layers, special, len(tokenizer)), device, dtype)
     processor = ImageQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)
-    return QwenImageEditPlusPipeline(transformer=transformer,
-                                     scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER), vae=vae,
-                                     text_encoder=text_encoder, tokenizer=tokenizer, processor=processor)
+    return QwenImageEditPlusPipeline(processor=processor, **_qwen_image_parts(
+        tokenizer, _device(device), dtype, text_layers, transformer_layers, seed))
 
 
 def flux2_klein(device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16, text_layers: int | None = 2,
