@@ -290,16 +290,24 @@ def measure(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, al
 # -- the parent -----------------------------------------------------------------------------------
 
 def _child(cpu: bool, compile_: bool, epochs: int, uncond_grad: bool = True, algorithm: str = "flow_grpo",
-           compare: bool = True) -> dict[str, Any] | None:
-    """``measure`` in a fresh process (no compiled graph or dynamo cache carries over); None if it failed."""
+           compare: bool = True, inductor_cache: str | None = None,
+           timeout: float | None = None) -> dict[str, Any] | None:
+    """``measure`` in a fresh process (no compiled graph or dynamo cache carries over); None if it failed.
+    ``inductor_cache``: a folder shared with other children (their warm-up is then not a fresh worker's)."""
     args = [sys.executable, __file__, "--child", "cpu" if cpu else "cuda", "on" if compile_ else "off", str(epochs),
             str(uncond_grad), algorithm, str(compare)]
-    # on a GPU an empty inductor (and Triton) cache: the warm-up pays the whole compile, as on a fresh worker, and
-    # does not depend on what an earlier run left in /tmp. On a CPU the shared cache: the smoke run's compile time
-    # is no figure to quote, and CI's tests have compiled the same tiny blocks already (saves ~45 s there)
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, **({} if cpu else {"TORCHINDUCTOR_CACHE_DIR": cache})}
-        proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    # on a GPU an empty inductor (and Triton) cache unless one is given: the warm-up pays the whole compile, as on a
+    # fresh worker, and does not depend on what an earlier run left in /tmp. On a CPU the shared cache: the smoke
+    # run's compile time is no figure to quote, and CI's tests have compiled the same tiny blocks already (saves ~45
+    # s there)
+    with tempfile.TemporaryDirectory() as empty:
+        cache = inductor_cache or (None if cpu else empty)
+        env = {**os.environ, **({"TORCHINDUCTOR_CACHE_DIR": cache} if cache else {})}
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{algorithm}, compile {'on' if compile_ else 'off'}: the child ran past {timeout:.0f} s")
+            return None
     if proc.returncode:
         print(f"{algorithm}, compile {'on' if compile_ else 'off'}: the child failed (exit {proc.returncode}):\n"
               f"{proc.stderr[-3000:]}")

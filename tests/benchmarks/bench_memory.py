@@ -19,7 +19,8 @@
    activation checkpointing off and on, each in a fresh process; the on / off ratio.
 3. Measured on a GPU, when one is visible: the same epoch on the real-shape pipeline (text encoders at real
    width with 2 layers) at each recipe's per-worker batches, torch.cuda.max_memory_allocated per phase, for the
-   recipe's own setting (``--all-settings``: checkpointing x offload), beside the estimate.
+   recipe's own setting (``--all-settings``: checkpointing x offload), beside the estimate. Unsharded (one worker)
+   and eager (``train.compile`` off), as the estimate is.
 
 Pipelines are built in memory (tests/benchmarks/real_shapes.py) and handed to the trainer instead of the one
 `model.path` names (``Trainer(pipeline=...)``); each phase is measured through the trainer's ``phase_scope``, and
@@ -236,14 +237,15 @@ def _epoch_overrides(config: ExperimentConfig, *, cpu: bool, ckpt: bool, offload
         "model.path=in-memory", f"model.device={'cpu' if cpu else 'cuda'}", "train.epochs=1",
         f"sampling.batch_size_per_worker={batch}", f"train.batch_size_per_worker={train_batch}",
         "sampling.prompts_per_epoch=1", f"sampling.group_size={group}", "train.gradient_accumulation_steps=1",
-        "train.timestep_fraction=0.1", "rewards=[{name: brightness}]", "data.path=null",
+        "train.timestep_fraction=0.1", "rewards=[{name: brightness}]", "reward_aggregation=sum", "data.path=null",
         "data.prompts=[a red apple on a wooden table, a lighthouse on a cliff at dusk]", "tracking.sample_every=0",
         f"train.gradient_checkpointing={str(ckpt).lower()}", f"model.offload_text_encoders={str(offload).lower()}",
         "train.sharding=none", "train.checkpoint_every=1000",
+        # eager, as the estimate: compiling real-width blocks costs minutes on a CPU and 1-2 on a GPU per recipe
+        "train.compile=false",
     ]
-    if cpu:  # eager on CPU: compiling real-width blocks would take minutes here, and the estimate is of eager
+    if cpu:
         overrides += [f"model.resolution={CPU_SIZES['resolution']}", "sampling.num_steps=2", "sampling.sde_window=null",
-                      "train.compile=false",
                       "model.max_sequence_length=null"]  # the family's, cut to the CPU T5's CPU_T5_LENGTH tokens
     return overrides
 
@@ -312,10 +314,10 @@ def run_epoch(family: str, *, cpu: bool, ckpt: bool, offload: bool) -> dict[str,
 _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "2"}
 
 
-def _child(args: list[str]) -> dict[str, float]:
+def _child(args: list[str], timeout: float | None = None) -> dict[str, float]:
     """``run_epoch`` in a fresh process, so no phase inherits another's memory."""
     proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
-                          env={**os.environ, **_MALLOC_ENV})
+                          env={**os.environ, **_MALLOC_ENV}, timeout=timeout)
     if proc.returncode:
         raise RuntimeError(f"bench_memory child {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -343,15 +345,34 @@ def gpu_measurements(recipes: list[str], all_settings: bool) -> None:
           "encoders at real width, 2 layers): torch.cuda.max_memory_allocated per phase, GiB")
     print(f"  {'recipe':<20} {'setting':<22} {'start':>6} {'sampling':>8} {'training':>8} {'estimate':>8}")
     for recipe in recipes:
-        config = load_config(CONFIG_DIR / f"{recipe}.yaml")
-        own = (config.train.gradient_checkpointing, config.model.offload_text_encoders)
-        settings = list(itertools.product((False, True), (False, True))) if all_settings else [own]
+        settings = list(itertools.product((False, True), (False, True))) if all_settings else [own_setting(recipe)]
         for ckpt, offload in settings:
-            got = _child([RECIPES[recipe], "cuda", str(ckpt), str(offload)])
-            est = _estimate(config, RECIPES[recipe], ckpt=ckpt, offload=offload, world=1, text_layers=2,
-                            input_images=INPUT_IMAGES.get(recipe, 0))
-            print(f"  {recipe:<20} {_setting(ckpt, offload, 'none')[:-5]:<22} {got['start_peak_gib']:6.1f} "
-                  f"{got['sampling_peak_gib']:8.1f} {got['training_peak_gib']:8.1f} {est['steady_peak_gib']:8.1f}")
+            row = gpu_row(recipe, ckpt, offload)
+            print(f"  {recipe:<20} {_setting(ckpt, offload, 'none')[:-5]:<22} {row['start_peak_gib']:6.1f} "
+                  f"{row['sampling_peak_gib']:8.1f} {row['training_peak_gib']:8.1f} {row['estimate_gib']:8.1f}")
+
+
+def own_setting(recipe: str) -> tuple[bool, bool]:
+    """The recipe's own (gradient checkpointing, text-encoder offload)."""
+    config = load_config(CONFIG_DIR / f"{recipe}.yaml")
+    return config.train.gradient_checkpointing, config.model.offload_text_encoders
+
+
+def gpu_estimate(recipe: str, ckpt: bool, offload: bool) -> float:
+    """The estimator's steady peak for the GPU leg's run of ``recipe``: one unsharded worker, text encoders at 2
+    layers, as ``run_epoch`` builds them."""
+    config = load_config(CONFIG_DIR / f"{recipe}.yaml")
+    return _estimate(config, RECIPES[recipe], ckpt=ckpt, offload=offload, world=1, text_layers=2,
+                     input_images=INPUT_IMAGES.get(recipe, 0))["steady_peak_gib"]
+
+
+def gpu_row(recipe: str, ckpt: bool, offload: bool, timeout: float | None = None,
+            estimate: float | None = None) -> dict[str, Any]:
+    """One recipe's epoch on the GPU in a fresh process, its peaks per phase beside the estimate (``gpu_estimate``
+    unless given)."""
+    got = _child([RECIPES[recipe], "cuda", str(ckpt), str(offload)], timeout)
+    return {"recipe": recipe, "gradient_checkpointing": ckpt, "offload_text_encoders": offload, **got,
+            "estimate_gib": gpu_estimate(recipe, ckpt, offload) if estimate is None else estimate}
 
 
 def main() -> None:

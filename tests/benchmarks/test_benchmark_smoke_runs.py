@@ -4,6 +4,7 @@ come from the full runs (their docstrings, docs/PERFORMANCE.md, docs/MEMORY.md).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -82,3 +83,23 @@ def test_the_benchmark_smoke_run_prints_its_figures(script: str) -> None:
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{out[-4000:]}"
     missing = [pattern for pattern in expected if not re.search(pattern, proc.stdout)]
     assert not missing, f"{script} did not print {missing}:\n{proc.stdout[-4000:]}"
+
+
+@pytest.mark.slow
+def test_the_prepared_gpu_call_smoke_run_writes_what_it_measured(tmp_path: Path) -> None:
+    """bench_open_gpu_figures.py on a CPU: one job of each leg through its scheduling; its markdown and JSON, which
+    a call cut short keeps, hold the rows it printed."""
+    proc = subprocess.run([sys.executable, str(HERE / "bench_open_gpu_figures.py"), "--smoke", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [rf"(?m)^\| flux2-klein-pickscore \| False \| False \| {NUM} \| {NUM} \| {POSITIVE} \| nan \| nan \|$",
+            rf"(?m)^\| flow_grpo \| {POSITIVE} \| 1\.00 \| {POSITIVE} \| {POSITIVE} \| - \| {NUM} \|$"]
+    written = (tmp_path / "open_gpu_figures.md").read_text()
+    for pattern in rows:
+        assert re.search(pattern, proc.stdout), (pattern, proc.stdout[-4000:])
+        assert re.search(pattern, written), (pattern, written)
+    data = json.loads((tmp_path / "open_gpu_figures.json").read_text())
+    assert [r["recipe"] for r in data["memory"]] == ["flux2-klein-pickscore"]
+    assert [r["algorithm"] for r in data["throughput"]] == ["flow_grpo"]
+    assert data["failed"] == [] and data["not_run"] == []
