@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -333,15 +334,17 @@ def _local_files(root: Path) -> Iterator[tuple[str, Path]]:
         yield path.relative_to(root).as_posix(), path
 
 
-def _sizes(uri_prefix: str) -> dict[str, int]:
-    """Relative name -> size of every object under the folder ``uri_prefix``."""
+def _sizes(uri_prefix: str, limit: int | None = None) -> dict[str, int]:
+    """Relative name -> size of every object under the folder ``uri_prefix`` (the first ``limit`` by name)."""
     loc = _parse(uri_prefix)
     if isinstance(loc, Path):
-        return {rel: p.stat().st_size for rel, p in _local_files(loc)}
+        return {rel: p.stat().st_size for rel, p in itertools.islice(_local_files(loc), limit)}
     prefix = _dir_key(loc.key)
     out: dict[str, int] = {}
     with _s3_errors(uri_prefix, "list") as client:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix):
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix,
+                                                                 PaginationConfig={"MaxItems": limit})
+        for page in pages:
             for obj in page.get("Contents", []):
                 out[obj["Key"][len(prefix):]] = obj["Size"]
     return out
@@ -440,9 +443,10 @@ def exists(uri: str) -> bool:
     return True
 
 
-def list_uris(uri_prefix: str) -> list[str]:
-    """Sorted URIs (in the caller's notation) of every object under the folder ``uri_prefix``."""
-    return [join(uri_prefix, rel) for rel in sorted(_sizes(uri_prefix))]
+def list_uris(uri_prefix: str, limit: int | None = None) -> list[str]:
+    """Sorted URIs (in the caller's notation) of every object under the folder ``uri_prefix``; with ``limit``, of
+    the first that many."""
+    return [join(uri_prefix, rel) for rel in sorted(_sizes(uri_prefix, limit))]
 
 
 def upload_dir(local_dir: str | os.PathLike[str], uri_prefix: str) -> list[str]:

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FlowMatchingModel", "PromptEmbeddings", "load_model", "resolve_device"]
 
+MODEL_INDEX = "model_index.json"
+_NO_INDEX = "model.path: {path} has no model_index.json; is it a diffusers pipeline directory?"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -61,13 +63,25 @@ def _attr(spec: tuple[str, str]):
 
 
 def check_model_path(config: ModelConfig) -> None:
-    """Refuse a local ``model.path`` that is no supported diffusers pipeline directory, as loading would, without
-    loading it (an ``s3://`` path is checked when it is downloaded)."""
+    """Refuse a ``model.path`` that is no supported diffusers pipeline, as loading would, without loading it: a local
+    directory's model_index.json is read there, an ``s3://`` pipeline's alone is fetched (an unreachable endpoint,
+    a missing bucket or pipeline stops the run here, before it writes anything)."""
     from components import storage
 
-    if config.kind == "diffusers" and not storage.is_remote(config.path):
-        _pipeline_class(storage.local_copy(config.path) if storage.is_uri(config.path) else Path(config.path),
-                        config.path)
+    if config.kind != "diffusers":
+        return
+    path = config.path
+    if not storage.is_remote(path):
+        _pipeline_class(storage.local_copy(path) if storage.is_uri(path) else Path(path), path)
+        return
+    index = storage.join(path, MODEL_INDEX)
+    try:
+        raw = storage.get_bytes(index)
+    except storage.ObjectNotFoundError:
+        raise ModelLoadError(_NO_INDEX.format(path=path)) from None
+    except storage.StorageError as exc:
+        raise ModelLoadError(f"model.path: {exc}") from exc
+    _index_class(raw, index, path)
 
 
 def _load_diffusers(path: str, dtype: torch.dtype):
@@ -86,14 +100,19 @@ def _load_diffusers(path: str, dtype: torch.dtype):
 
 def _pipeline_class(root: Path, path: str) -> str:
     """The supported diffusers pipeline class the directory ``root`` (``model.path`` ``path``) holds."""
-    index = root / "model_index.json"
+    index = root / MODEL_INDEX
     if not root.is_dir():
         raise ModelLoadError(f"model.path: {path} is not a directory (a diffusers pipeline saved with save_pretrained)")
     if not index.is_file():
-        raise ModelLoadError(f"model.path: {path} has no model_index.json; is it a diffusers pipeline directory?")
+        raise ModelLoadError(_NO_INDEX.format(path=path))
+    return _index_class(index.read_bytes(), index, path)
+
+
+def _index_class(raw: bytes, index: str | Path, path: str) -> str:
+    """The supported pipeline class the model_index.json ``raw`` (the file ``index`` of ``path``) names."""
     try:
-        class_name = json.loads(index.read_text())["_class_name"]
-    except (ValueError, KeyError) as exc:
+        class_name = json.loads(raw)["_class_name"]
+    except (ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"model.path: {index} is not a valid model_index.json ({exc})") from exc
     if class_name not in PIPELINES:
         raise ModelLoadError(

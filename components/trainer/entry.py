@@ -27,7 +27,8 @@ DESCRIPTION = ("Train a LoRA with FlowGRPO (in this process, or on Ray with --ra
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Every option of a training run but the config."""
     p.add_argument("--output", default=None, metavar="DIR_OR_S3_URI",
-                   help="run directory or s3:// prefix (default: runs/<config name>-<timestamp>)")
+                   help="run directory or s3:// prefix: new, empty, or an earlier run's (it holds run.json); anything "
+                        "else is refused (default: runs/<config name>-<timestamp>)")
     resume = p.add_mutually_exclusive_group()
     resume.add_argument("--resume", action="store_const", const=True, default=False,
                         help="continue from the newest complete checkpoint under --output")

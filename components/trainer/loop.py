@@ -106,6 +106,15 @@ def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch + 500_000)
 
 
+def showcase_rows(config: TrainingJobConfig) -> list[PromptRow]:
+    """The grids' prompts: the first ``tracking.sample_images`` held-out prompts (the test split of a prepared
+    dataset, which the evaluation samples too), else the first training prompts."""
+    if not config.tracking.sample_every:
+        return []
+    rows, _ = held_out_rows(config.data)
+    return list({r.key: r for r in rows}.values())[:config.tracking.sample_images]
+
+
 def showcase_seed(seed: int) -> int:
     """The seed of the sample grids' starting noise: the same at every epoch (and after a resume), so the grids
     show one set of scenes changing with the weights."""
@@ -237,7 +246,7 @@ class Trainer:
         self.phase_scope = phase_scope
         self.tracker = tracker or NullTracker()
         self.rows = load_prompt_rows(config.data) if rows is None else rows
-        self.showcase = self._showcase_rows()
+        self.showcase = showcase_rows(config)
         self._showcase_embeds: PromptEmbeddings | None = None
         self.scorer = build_scorer(config)
         self.model: FlowMatchingModel = load_model(config.model, config.seed, on_device=False, pipeline=pipeline)
@@ -395,14 +404,6 @@ class Trainer:
         if not any(r.images for r in rows):
             return None
         return [load_row_images(r.images, describe(r)) for r in rows]
-
-    def _showcase_rows(self) -> list[PromptRow]:
-        """The grids' prompts: the first ``tracking.sample_images`` held-out prompts (the test split of a
-        prepared dataset, which the evaluation samples too), else the first training prompts."""
-        if not self.config.tracking.sample_every:
-            return []
-        rows, _ = held_out_rows(self.config.data)
-        return list({r.key: r for r in rows}.values())[:self.config.tracking.sample_images]
 
     def _sample_epoch(self, epoch: int) -> bool:
         every = self.config.tracking.sample_every

@@ -8,6 +8,7 @@ uploaded to the same relative name under :attr:`RunOutput.uri`, so the layout is
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -44,6 +45,27 @@ class RunOutput:
 
     def __str__(self) -> str:
         return self.uri
+
+    def check_ours(self) -> None:
+        """Refuse an output that holds anything but a run's own files (RunOutputError), reading only. A run writes
+        run.json into its output first, so an output without one is new, empty, or not a run's: training would
+        replace files there (config.yaml, metrics.jsonl) and mix its own into the rest."""
+        if self.remote:
+            if storage.exists(self.uri_of(RUN_RECORD_FILE)):
+                return
+            found = [uri.removeprefix(self.uri.rstrip("/") + "/") for uri in storage.list_uris(self.uri, limit=4)]
+        elif not self.local.exists():
+            return
+        elif not self.local.is_dir():
+            raise RunOutputError(f"output {self.uri} is a file; a run writes a folder of files: choose a new --output")
+        elif (self.local / RUN_RECORD_FILE).is_file():
+            return
+        else:  # the first few names only: an output may be a large folder (a home directory)
+            found = sorted(p.name for p in itertools.islice(self.local.iterdir(), 4))
+        if found:
+            names = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+            raise RunOutputError(f"output {self.uri} already holds files that no flowgrpo run wrote ({names}; no "
+                                 f"{RUN_RECORD_FILE}): training would overwrite them; choose a new or empty --output")
 
     def prepare(self, fresh: bool) -> None:
         """Create the local directory; a fresh remote run starts from an empty staging copy."""

@@ -10,9 +10,10 @@ import yaml
 
 from components import storage
 from components.console import status_line
+from components.dataset.input_images import describe, load_row_images, size_problem
 from components.dataset.prepared import PromptRow
 from components.dataset.prompts import dataset_hash, load_prompt_rows
-from components.errors import CheckpointError
+from components.errors import CheckpointError, DataError
 from components.flowgrpo.metrics import MetricsFile
 from components.models.loading import check_model_path
 from components.registry.versions import register_lora_version
@@ -21,7 +22,7 @@ from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, lineage_t
 from components.tracking.tracker import NullTracker, open_tracker, resolve_parent_run
 from components.trainer import checkpoint as ckpt
 from components.trainer.config import TrainingJobConfig
-from components.trainer.loop import TrainResult, check_world_size, run_worker
+from components.trainer.loop import TrainResult, check_world_size, run_worker, showcase_rows
 from components.trainer.ray_train import run_on_ray
 from components.trainer.run_output import (
     CONFIG_FILE,
@@ -37,20 +38,34 @@ from components.trainer.run_output import (
 def check_before_writing(config: TrainingJobConfig, workers: int) -> list[PromptRow]:
     """What a run refuses before it writes anything under its output: a worker count that cannot split an epoch,
     a reward this process would score that cannot be built (``check_spec``, as `flowgrpo validate` runs it), a
-    local ``model.path`` that is no pipeline, a ``data.path`` that cannot be read. Returns the prompts."""
+    ``model.path`` that is no pipeline or cannot be reached, a ``data.path`` that cannot be read, an input image
+    of the training or showcase rows that the trainer would refuse. Returns the prompts."""
     if workers:
         check_world_size(config, workers)
     if config.reward_server.url is None:
         check_specs(config.rewards, "rewards")
     check_model_path(config.model)
-    return load_prompt_rows(config.data)
+    rows = load_prompt_rows(config.data)
+    _check_input_images(rows + showcase_rows(config), config.model.resolution)
+    return rows
 
 
-def _open_output(record: dict, output: str | Path,
-                 resume: bool | str) -> tuple[RunOutput, tuple[str, ckpt.TrainerState] | None]:
-    """Check ``output`` against ``resume`` ("auto": whatever is there), write config.yaml; returns the output
-    and, when this continues a run, the (URI, state) of the checkpoint it continues from."""
-    out = RunOutput(output)
+def _check_input_images(rows: list[PromptRow], resolution: int) -> None:
+    """Read every input image of ``rows`` as the trainer reads it (``load_row_images``: missing, corrupt, a
+    decompression bomb) and refuse a size it cannot edit at ``resolution``; the images stay in ``load_image``'s
+    cache for a trainer in this process."""
+    for row in {r.images: r for r in rows if r.images}.values():
+        where = describe(row)
+        for image in load_row_images(row.images, where):
+            if problem := size_problem(image.shape[0], image.shape[1], resolution):
+                raise DataError(f"{where}: input image {problem}")
+
+
+def _check_output(out: RunOutput, resume: bool | str) -> tuple[str, ckpt.TrainerState] | None:
+    """Check ``out`` against ``resume`` ("auto": whatever is there), reading only: it must be new, empty or a run's
+    output (``RunOutput.check_ours``), and hold a complete checkpoint exactly when the run continues. Returns the
+    (URI, state) of the checkpoint it continues from, or None for a run that starts."""
+    out.check_ours()
     latest = ckpt.latest_checkpoint(out.uri)
     if resume == "auto":
         resume = latest is not None
@@ -60,11 +75,16 @@ def _open_output(record: dict, output: str | Path,
         raise CheckpointError(
             f"{out.uri} already holds checkpoints; pass --resume to continue that run or choose another --output"
         )
-    start = (latest, ckpt.read_checkpoint(latest)) if resume else None
-    out.prepare(fresh=not resume)
+    return (latest, ckpt.read_checkpoint(latest)) if resume else None
+
+
+def _open_output(out: RunOutput, record: dict, lineage: dict[str, str], starts: bool) -> None:
+    """Write run.json (a run that ``starts``) and config.yaml into the checked output."""
+    out.prepare(fresh=starts)
+    if starts:  # the first write: it marks the output as a run's; a wrong bucket or credentials stop the run here
+        write_run_record(out, lineage)
     (out.local / CONFIG_FILE).write_text(yaml.safe_dump(record, sort_keys=False))
-    out.publish(CONFIG_FILE)  # the first write: a wrong bucket or credentials stop the run here, before any work
-    return out, start
+    out.publish(CONFIG_FILE)
 
 
 def _register(tracker: NullTracker, config: TrainingJobConfig, out: RunOutput, lineage: dict[str, str],
@@ -88,7 +108,10 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
     (config.yaml, MLflow params); default the config itself."""
     rows = check_before_writing(config, workers)  # loaded once: for the lineage and for the trainer in this process
     dumped = config.model_dump(mode="json") if record is None else record
-    out, start = _open_output(dumped, output, resume)
+    out = RunOutput(output)
+    start = _check_output(out, resume)
+    lineage = lineage_tags(dumped, [r.prompt for r in rows], dataset_hash(config.data))
+    _open_output(out, dumped, lineage, starts=start is None)
     t = config.tracking
     parent = resolve_parent_run(parent_run_id)
     tracker = open_tracker(t.experiment, STEP_RUN_NAME if parent else run_name(out.uri),
@@ -96,10 +119,8 @@ def train(config: TrainingJobConfig, output: str | Path, *, resume: bool | str =
                            parent_run_id=parent, system_metrics=t.system_metrics and not workers, log=log)
     status = "FAILED"
     try:
-        lineage = lineage_tags(dumped, [r.prompt for r in rows], dataset_hash(config.data))
         tracker.set_tags({**lineage, RUN_OUTPUT_TAG: redact(out.uri)})
         if start is None:
-            write_run_record(out, lineage)
             tracker.log_params(flatten_params(dumped))
         if workers:
             run_on_ray(config, out, workers, tracker, log)

@@ -6,10 +6,12 @@ import re
 import subprocess
 import sys
 import uuid
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from servers import free_port
 
 from pipeline.config import DEFAULT_CONFIG
 
@@ -57,6 +59,69 @@ def test_train_with_missing_model_path_fails_before_training(tmp_path):
                     f"model.path={tmp_path / 'no-such-model'}")
     assert "model.path:" in _error_line(proc) and "no-such-model" in _error_line(proc)
     assert not (tmp_path / "out").exists()  # refused before anything is written (before: config.yaml, run.json)
+
+
+def test_train_with_an_unreachable_s3_model_path_fails_before_writing(tmp_path, monkeypatch, capsys):
+    # Before: the path was first read when the model loaded, after config.yaml and run.json were written.
+    from pipeline.cli import main
+
+    for name, value in {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}", "AWS_MAX_ATTEMPTS": "1",
+                        "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                        "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")
+                        }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    assert main(["train", "--output", str(tmp_path / "out"), "model.kind=diffusers", "model.path=s3://models/sd"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("flowgrpo train: error: model.path: cannot read s3://models/sd/model_index.json: "
+                              "S3 endpoint") and "is unreachable" in err[-1], err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("image", ["broken.png", "bomb.png", "wide.png"])
+def test_train_refuses_a_bad_input_image_before_writing(image, tmp_path, capsys):
+    # Before: the images were first read when the prompts were encoded, after config.yaml and run.json were written.
+    from PIL import Image
+
+    from pipeline.cli import main
+
+    if image == "broken.png":
+        (tmp_path / image).write_bytes(b"\x89PNG\r\n\x1a\n not really")
+        needle = "cannot decode"
+    elif image == "bomb.png":  # a 30000 px square PNG header: never decoded
+        header = b"IHDR" + (30000).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+        (tmp_path / image).write_bytes(b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + header
+                                       + zlib.crc32(header).to_bytes(4, "big")
+                                       + bytes(4) + b"IEND" + zlib.crc32(b"IEND").to_bytes(4, "big"))
+        needle = "900000000 pixels"
+    else:
+        Image.new("RGB", (96, 32)).save(tmp_path / image)
+        needle = "more than 2:1"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "make it red", "images": image}) + "\n")
+    assert main(["train", "--config", "tiny-flux-kontext-cpu", "--output", str(tmp_path / "run"),
+                 f"data.path={rows}"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert len(err) == 1 and f"input image {tmp_path / image}" in err[0] and needle in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_an_output_holding_files_no_run_wrote_before_writing(tmp_path, capsys):
+    # Before: train replaced config.yaml and metrics.jsonl and mixed lora/, samples/, checkpoints/ in.
+    from pipeline.cli import main
+
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "config.yaml").write_text("notes\n")
+    (out / "metrics.jsonl").write_text("mine\n")
+    for resume in ([], ["--resume"], ["--auto-resume"]):
+        assert main(["train", "--output", str(out), *resume, "train.epochs=1"]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert err == [f"flowgrpo train: error: output {out} already holds files that no flowgrpo run wrote "
+                       "(config.yaml, metrics.jsonl; no run.json): training would overwrite them; choose a new or "
+                       "empty --output"], resume
+        assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "metrics.jsonl"]
+        assert (out / "config.yaml").read_text() == "notes\n" and (out / "metrics.jsonl").read_text() == "mine\n"
 
 
 def test_validate_accepts_the_shipped_configs(capsys):
@@ -311,10 +376,19 @@ def test_a_refused_train_writes_nothing_to_an_s3_output(s3_env, tmp_path, capsys
     from pipeline.cli import main
 
     output = f"s3://{s3_env.bucket}/refused-{uuid.uuid4().hex[:8]}"
-    for overrides in (["data.prompts=null", "data.path=/dev/null"], ["rewards=[{name: 'foo.bar:Baz'}]"]):
+    no_model = f"s3://{s3_env.bucket}/no-model-{uuid.uuid4().hex[:8]}"  # before: written, then refused at loading
+    for overrides in (["data.prompts=null", "data.path=/dev/null"], ["rewards=[{name: 'foo.bar:Baz'}]"],
+                      ["model.kind=diffusers", f"model.path={no_model}"]):
         assert main(["train", "--output", output, *overrides]) == 2
         assert "error:" in capsys.readouterr().err
         assert storage.list_uris(output) == [], overrides
+
+    storage.put_bytes(b"notes", storage.join(output, "config.yaml"))  # not a run's: before, replaced
+    assert main(["train", "--output", output, "train.epochs=1"]) == 2
+    assert (f"error: output {output} already holds files that no flowgrpo run wrote (config.yaml; no run.json)"
+            in capsys.readouterr().err)
+    assert storage.list_uris(output) == [storage.join(output, "config.yaml")]
+    assert storage.get_bytes(storage.join(output, "config.yaml")) == b"notes"
 
 
 def test_trainer_entry_module_trains_its_sections_of_a_whole_experiment_from_the_environment(tmp_path, small_config):

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -182,6 +183,13 @@ def test_resume_refusals(small_config, tmp_path):
     resumed = train(small_config("rewards.0.timeout_s=60", "reward_server.retry_window_s=60"), tmp_path / "run",
                     resume=True, log=_quiet)
     assert [r["epoch"] for r in resumed.history] == [1, 2]
+    # an output holding run.json but no complete checkpoint is the same run stopped before its first one: --resume
+    # has nothing to continue; a new run (here: --auto-resume, as a retried job) starts over in it
+    shutil.rmtree(tmp_path / "run" / "checkpoints")
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        train(small_config(), tmp_path / "run", resume=True, log=_quiet)
+    again = train(small_config("train.epochs=1"), tmp_path / "run", resume="auto", log=_quiet)
+    assert [r["epoch"] for r in again.history] == [1]
 
 
 def test_partial_checkpoint_is_never_picked(small_config, tmp_path):
