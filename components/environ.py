@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,8 +189,9 @@ KUBERNETES_SERVICE_HOST = _text("KUBERNETES_SERVICE_HOST", "read", "set inside a
                                 "service account, else the kubeconfig")
 KUBECONFIG = _text("KUBECONFIG", "read", "the kubeconfig of the launchers outside a cluster (the Kubernetes "
                    "client's default: ~/.kube/config)")
-VLM_JUDGE_API_KEY = _text("VLM_JUDGE_API_KEY", "secret", "the VLM judge's API key (the default of a judge "
-                          "reward's `api_key_env`, which may name another variable)")
+VLM_JUDGE_API_KEY = _text("VLM_JUDGE_API_KEY", "secret", "the VLM judge's API key, the default of a judge "
+                          "reward's `api_key_env`; that key may name this variable or one named "
+                          "`VLM_JUDGE_API_KEY_<NAME>` (e.g. `VLM_JUDGE_API_KEY_OPENAI`), no other")
 
 VARIABLES: tuple[Variable[Any], ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Variable))
 
@@ -216,8 +218,28 @@ def worker_settings() -> dict[str, str]:
 
 
 def named_by_user(name: str) -> str | None:
-    """The variable a config names (``--config env:NAME``, a judge's ``api_key_env``); None when unset."""
+    """The variable a command line names (``--config env:NAME``); None when unset."""
     return os.environ.get(name)
+
+
+# The variables a config may name for a judge's key. A config comes from whoever starts a run (on a cluster, the
+# KFP UI) and the key goes to the URL that config gives: any other name would send the pod's S3 or MLflow
+# credentials there.
+_JUDGE_KEY = re.compile(rf"{VLM_JUDGE_API_KEY.name}(_[A-Z0-9]+)*")
+JUDGE_KEY_NAMES = f"{VLM_JUDGE_API_KEY.name} or {VLM_JUDGE_API_KEY.name}_<NAME> (NAME: A-Z, 0-9, _)"
+
+
+def judge_key_name(name: str) -> str:
+    """``name`` when a judge's key may be read from it; ValueError naming the allowed names otherwise."""
+    if not _JUDGE_KEY.fullmatch(name):
+        raise ValueError(f"must be {JUDGE_KEY_NAMES}: the key is sent to base_url, so a config may name no "
+                         "other variable")
+    return name
+
+
+def judge_key(name: str) -> str | None:
+    """The judge's key held in variable ``name`` (checked by :func:`judge_key_name`); None when unset."""
+    return os.environ.get(judge_key_name(name)) or None
 
 
 @contextlib.contextmanager

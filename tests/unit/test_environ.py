@@ -85,7 +85,8 @@ def test_the_environment_is_read_only_through_components_environ():
     readers = {str(p.relative_to(REPO)): found for p in SOURCES
                if p != REPO / "components" / "environ.py" and (found := direct_reads(p.read_text()))}
     assert not readers, ("read these through a declaration in components/environ.py (Variable.get / value / "
-                         f"set_default, or named_by_user for a name a config gives): {readers}")
+                         "set_default, named_by_user for a name a command line gives, judge_key for a judge's key): "
+                         f"{readers}")
 
 
 def test_every_variable_the_code_names_is_declared():
