@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -129,12 +130,18 @@ AWS_ENDPOINT_URL = _text("AWS_ENDPOINT_URL", "read", "the endpoint of every AWS 
                          "AWS_ENDPOINT_URL_S3 is unset")
 AWS_ACCESS_KEY_ID = _text("AWS_ACCESS_KEY_ID", "secret", "the S3 access key")
 AWS_SECRET_ACCESS_KEY = _text("AWS_SECRET_ACCESS_KEY", "secret", "the S3 secret key")
-AWS_SESSION_TOKEN = _text("AWS_SESSION_TOKEN", "secret", "a temporary S3 credential's token")
+AWS_SESSION_TOKEN = _text("AWS_SESSION_TOKEN", "secret", "a temporary S3 credential's token (AWS SSO, an assumed "
+                          "role); left out, with the rest of your AWS, of what `flowgrpo run --local` points at "
+                          "its own S3")
 AWS_REGION = _text("AWS_REGION", "read", "the S3 region")
 AWS_DEFAULT_REGION = _text("AWS_DEFAULT_REGION", "read", "the S3 region where AWS_REGION is unset")
 AWS_PROFILE = _text("AWS_PROFILE", "read", "the profile of the AWS config files to take credentials from")
 AWS_MAX_ATTEMPTS = Variable("AWS_MAX_ATTEMPTS", "read", "tries of one S3 request (boto3's standard retry mode)",
                             _whole_number, "4")
+AWS_CONFIG_FILE = _text("AWS_CONFIG_FILE", "set", "the AWS config file (profiles): none (the null device) for what "
+                        "`flowgrpo run --local` and `ui` point at their own S3, which no profile of yours may change")
+AWS_SHARED_CREDENTIALS_FILE = _text("AWS_SHARED_CREDENTIALS_FILE", "set", "the AWS credentials file: none for what "
+                                    "`flowgrpo run --local` and `ui` point at their own S3, likewise")
 
 # --- MLflow ---------------------------------------------------------------------------------------------------------
 MLFLOW_TRACKING_URI = _text("MLFLOW_TRACKING_URI", "read", "the MLflow server (or sqlite:/// store) runs log to; "
@@ -188,8 +195,9 @@ KUBERNETES_SERVICE_HOST = _text("KUBERNETES_SERVICE_HOST", "read", "set inside a
                                 "service account, else the kubeconfig")
 KUBECONFIG = _text("KUBECONFIG", "read", "the kubeconfig of the launchers outside a cluster (the Kubernetes "
                    "client's default: ~/.kube/config)")
-VLM_JUDGE_API_KEY = _text("VLM_JUDGE_API_KEY", "secret", "the VLM judge's API key (the default of a judge "
-                          "reward's `api_key_env`, which may name another variable)")
+VLM_JUDGE_API_KEY = _text("VLM_JUDGE_API_KEY", "secret", "the VLM judge's API key, the default of a judge "
+                          "reward's `api_key_env`; that key may name this variable or one named "
+                          "`VLM_JUDGE_API_KEY_<NAME>` (e.g. `VLM_JUDGE_API_KEY_OPENAI`), no other")
 
 VARIABLES: tuple[Variable[Any], ...] = tuple(v for v in dict(globals()).values() if isinstance(v, Variable))
 
@@ -216,23 +224,68 @@ def worker_settings() -> dict[str, str]:
 
 
 def named_by_user(name: str) -> str | None:
-    """The variable a config names (``--config env:NAME``, a judge's ``api_key_env``); None when unset."""
+    """The variable a command line names (``--config env:NAME``); None when unset."""
     return os.environ.get(name)
 
 
+# The variables a config may name for a judge's key. A config comes from whoever starts a run (on a cluster, the
+# KFP UI) and the key goes to the URL that config gives: any other name would send the pod's S3 or MLflow
+# credentials there.
+_JUDGE_KEY = re.compile(rf"{VLM_JUDGE_API_KEY.name}(_[A-Z0-9]+)*")
+JUDGE_KEY_NAMES = f"{VLM_JUDGE_API_KEY.name} or {VLM_JUDGE_API_KEY.name}_<NAME> (NAME: A-Z, 0-9, _)"
+
+
+def judge_key_name(name: str) -> str:
+    """``name`` when a judge's key may be read from it; ValueError naming the allowed names otherwise."""
+    if not _JUDGE_KEY.fullmatch(name):
+        raise ValueError(f"must be {JUDGE_KEY_NAMES}: the key is sent to base_url, so a config may name no "
+                         "other variable")
+    return name
+
+
+def judge_key(name: str) -> str | None:
+    """The judge's key held in variable ``name`` (checked by :func:`judge_key_name`); None when unset."""
+    return os.environ.get(judge_key_name(name)) or None
+
+
+# The AWS_* variables that set the product's own S3 client rather than name an AWS account: what a process pointed
+# at an S3 of the product's own keeps of the caller's.
+_OWN_S3_KEEPS = frozenset({AWS_MAX_ATTEMPTS.name})
+
+
+def own_s3(values: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The changes that point ``env`` (default: this process's environment) at an S3 of the product's own
+    (`run --local`'s SeaweedFS) and nothing else: ``values`` (its endpoint, keys, region) set, every other
+    ``AWS_*`` variable unset (None), AWS's config and credentials files none. The rest is the user's AWS (the
+    session token of SSO or an assumed role, a profile, a FIPS endpoint), which boto3 would combine with the
+    local keys and the local S3 refuses."""
+    env = os.environ if env is None else env
+    unset = {name: None for name in env if name.startswith("AWS_") and name not in _OWN_S3_KEEPS}
+    return {**unset, AWS_CONFIG_FILE.name: os.devnull, AWS_SHARED_CREDENTIALS_FILE.name: os.devnull, **values}
+
+
+def changed(env: Mapping[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
+    """``env`` with ``changes`` made (None: removed), e.g. the environment of a process to start."""
+    return {k: v for k, v in {**env, **changes}.items() if v is not None}
+
+
+def _apply(values: Mapping[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @contextlib.contextmanager
-def patched_environ(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, restored on exit."""
+def patched_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (None: unset), restored on exit."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    _apply(values)
     try:
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _apply(saved)
 
 
 def markdown() -> str:

@@ -206,10 +206,11 @@ def _lease(workdir: Path, service: str) -> Lease:
 
 
 @contextlib.contextmanager
-def local_services(workdir: Path, mlflow_port: int | None = None, log=status_line) -> Iterator[dict[str, str]]:
-    """SeaweedFS and an MLflow server over the work directory's state; yields the environment that points a
-    client at them. Both are stopped on exit, and leased to this process (stopped when it is gone however it
-    ends)."""
+def local_services(workdir: Path, mlflow_port: int | None = None,
+                   log=status_line) -> Iterator[dict[str, str | None]]:
+    """SeaweedFS and an MLflow server over the work directory's state; yields the changes to the environment
+    (None: unset) that point a client at them, and at no AWS of the user's (``environ.own_s3``). Both are stopped
+    on exit, and leased to this process (stopped when it is gone however it ends)."""
     from pipeline.services.mlflow_server import running_mlflow
     from pipeline.services.seaweed import running_seaweed
 
@@ -220,7 +221,7 @@ def local_services(workdir: Path, mlflow_port: int | None = None, log=status_lin
             running_mlflow(workdir / "mlflow", s3=s3, port=mlflow_port, lease=_lease(workdir, "mlflow")) as mlflow:
         log(f"services: S3 (SeaweedFS) at {s3.endpoint}, MLflow at {mlflow.url} "
             f"({time.monotonic() - began:.0f} s to start)")
-        yield {**s3.env(), **mlflow.env()}
+        yield {**environ.own_s3(s3.env()), **mlflow.env()}
 
 
 def _children() -> set[int]:

@@ -22,6 +22,8 @@ from typing import Any
 
 import mlflow.pyfunc
 
+from components.tracking.params import user_tag
+
 MODEL_NAME = "lora"  # the model's name inside the run
 # Logged as "models from code" (this file names the class; nothing is pickled), so a model version keeps
 # loading as long as the installed package has the class.
@@ -102,5 +104,6 @@ def log_lora_model(run_id: str, name: str, lora_dir: Path, model_config: dict, s
                 name=MODEL_NAME, python_model=str(ENTRY),
                 artifacts={"lora": str(lora_dir), "model": str(spec)},
                 pip_requirements=_requirements(), signature=signature, registered_model_name=name,
+                tags=user_tag(),  # else MLflow records MLFLOW_TRACKING_USERNAME as the model's (and version's) user
             )
     return str(info.registered_model_version)

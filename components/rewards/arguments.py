@@ -11,13 +11,13 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from components import environ
 from components.config_base import Section
 
 JudgeMode = Literal["yes_no", "score", "ocr"]
 GenEvalMode = Literal["partial", "strict"]
 # A judge's reply length cap per mode when max_tokens is unset (yes_no always reads one token).
 DEFAULT_MAX_TOKENS = {"score": 16, "ocr": 128}
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HTTP_URL = re.compile(r"https?://[^/\s]+")
 
 
@@ -101,8 +101,10 @@ class VLMJudgeArgs(Section):
     max_tokens: int | None = Field(default=None, ge=1, description="reply length cap of `score` (default "
                                    f"{DEFAULT_MAX_TOKENS['score']}) and `ocr` ({DEFAULT_MAX_TOKENS['ocr']}); `yes_no` "
                                    "reads one token and takes none")
-    api_key_env: str = Field(default="VLM_JUDGE_API_KEY", description="the environment variable holding the API "
-                             "key, sent as a Bearer token when set (the key itself never goes in config)")
+    api_key_env: str = Field(default=environ.VLM_JUDGE_API_KEY.name, description="the environment variable "
+                             f"holding the API key, sent as a Bearer token when set (the key itself never goes in "
+                             f"config): {environ.JUDGE_KEY_NAMES}, no other variable, so a config cannot send "
+                             "the S3 or MLflow credentials to base_url")
     max_concurrency: int = Field(default=8, ge=1, description="requests in flight at once per call")
     timeout_s: float = Field(default=60.0, gt=0, description="limit of one request attempt, connect to last byte")
     retries: int = Field(default=3, ge=0, description="extra attempts after HTTP 408/429/5xx, connection errors "
@@ -139,9 +141,7 @@ class VLMJudgeArgs(Section):
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str) -> str:
-        if not _ENV_NAME.fullmatch(value):
-            raise ValueError("must name an environment variable (the key itself never goes in config)")
-        return value
+        return environ.judge_key_name(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> VLMJudgeArgs:

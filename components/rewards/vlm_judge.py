@@ -209,7 +209,7 @@ class VLMJudge(Reward):
     async def _score_all(self, images: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],
                          inputs: Inputs) -> list[tuple[float, str | None, str | None]]:
         limit = asyncio.Semaphore(self.max_concurrency)
-        key = environ.named_by_user(self.api_key_env)
+        key = environ.judge_key(self.api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         pool = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import re
@@ -19,6 +20,8 @@ SECRET_KEY = re.compile(r"secret|passw|token|api[_-]?key|credential|access[_-]?k
 
 # The output a run writes to, on its MLflow run: how a replay finds that the output is already there.
 RUN_OUTPUT_TAG = "flowgrpo.run_output"
+# MLflow's tag for who logged a run or model (its UI's "User").
+USER_TAG = "mlflow.user"
 
 
 def redact(text: str) -> str:
@@ -74,6 +77,18 @@ def git_commit() -> str:
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def user_tag() -> dict[str, str]:
+    """``mlflow.user`` of every run and model the product logs: the OS account that logs it, as MLflow records it
+    without credentials. Never MLFLOW_TRACKING_USERNAME, which MLflow records otherwise: that is the tracking
+    server's login (on a cluster the one in the MLflow Secret, the same for every run), not who ran, and it would
+    show half of a credential to everyone who can read the experiment."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a uid without a passwd entry
+        user = "unknown"
+    return {USER_TAG: user}
 
 
 def lineage_tags(config: dict[str, Any], prompts: list[str], dataset_sha256: str | None = None) -> dict[str, str]:

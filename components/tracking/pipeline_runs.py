@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from components.errors import ConfigError
-from components.tracking.params import redact, short_error
+from components.tracking.params import redact, short_error, user_tag
 from components.tracking.server import (
     CHARTS_VIEW_TAG,
     PIPELINE_RUN_TAG,
@@ -50,7 +50,7 @@ def parent_run(experiment: str, pipeline_run_id: str, run_name: str) -> str | No
     experiment = experiment_id(client, experiment)
     if runs := _runs_of(client, experiment, pipeline_run_id):
         return runs[0].info.run_id
-    run = client.create_run(experiment, run_name=run_name, tags={PIPELINE_RUN_TAG: pipeline_run_id})
+    run = client.create_run(experiment, run_name=run_name, tags={**user_tag(), PIPELINE_RUN_TAG: pipeline_run_id})
     return run.info.run_id
 
 

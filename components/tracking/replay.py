@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from components.errors import TrackingError
-from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error
+from components.tracking.params import RUN_OUTPUT_TAG, flatten_params, redact, short_error, user_tag
 from components.tracking.server import experiment_id, mlflow_client, run_url, tracking_uri
 from components.tracking.tracker import SAMPLE_VIDEOS_DIR, SAMPLES_KEY, base_metrics, metric_batch, send_image
 
@@ -92,7 +92,7 @@ class _Replay:
             [experiment_id], f"tags.`{RUN_OUTPUT_TAG}` = '{uri}'"))
 
     def create(self, experiment_id: str, run_name: str) -> None:
-        tags = {**self.run.lineage, RUN_OUTPUT_TAG: redact(self.run.uri), "flowgrpo.replayed": "true"}
+        tags = {**user_tag(), **self.run.lineage, RUN_OUTPUT_TAG: redact(self.run.uri), "flowgrpo.replayed": "true"}
         if self.run.latest_checkpoint:
             tags["flowgrpo.latest_checkpoint"] = self.run.latest_checkpoint
         created = self._call("creating the run", lambda: self.client.create_run(

@@ -22,7 +22,7 @@ import numpy as np
 
 from components import environ
 from components.polling import Polls, backoff
-from components.tracking.params import redact, short_error
+from components.tracking.params import redact, short_error, user_tag
 from components.tracking.server import (
     PIPELINE_RUN_TAG,
     experiment_id,
@@ -180,7 +180,7 @@ class MlflowTracker(NullTracker):
     # -- operations ----------------------------------------------------------------------------------
     def _open_run(self) -> None:
         if self.run_id is None:
-            tags = {}
+            tags = user_tag()
             if self._parent:  # a wrong parent id is a permanent error, not an orphan
                 parent_tags = self.client.get_run(self._parent).data.tags
                 tags["mlflow.parentRunId"] = self._parent

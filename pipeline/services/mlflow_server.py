@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from components import environ
 from components.launch.process import Lease, free_ports, running_process, venv_binary
 from pipeline.services.seaweed import SeaweedS3
 
@@ -67,7 +68,8 @@ def running_mlflow(workdir: Path, s3: SeaweedS3 | None = None, port: int | None 
     env.pop("MLFLOW_TRACKING_URI", None)
     if s3 is not None:
         args += ["--artifacts-destination", f"s3://{s3.bucket}/mlflow"]
-        env.update(s3.env(), MLFLOW_S3_ENDPOINT_URL=s3.endpoint)
+        # its artifact proxy reaches that S3 with its keys alone, whatever AWS the caller has
+        env = environ.changed(env, {**environ.own_s3(s3.env(), env), "MLFLOW_S3_ENDPOINT_URL": s3.endpoint})
     else:
         args += ["--artifacts-destination", str(workdir / "artifacts")]
     with running_process(args, cwd=workdir, env=env, log_path=workdir / "mlflow.out", what="mlflow server",

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from postgres_server import PostgresServer, postgres_cluster, running_postgres  # tests/postgres_server.py
 
+from components import environ
 from pipeline.services.mlflow_server import MlflowServer, running_mlflow
 from pipeline.services.seaweed import SeaweedS3, running_seaweed
 
@@ -20,15 +21,16 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
 
 
 @pytest.fixture
-def s3_env(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> SeaweedS3:
+def s3_env(seaweed: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> SeaweedS3:
     """Point boto3 (here and in subprocesses) at the test server through the environment only, as in
-    production; a developer's ~/.aws must not change what the tests see."""
-    for name in ("AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_MAX_ATTEMPTS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    for name, value in seaweed.env().items():
-        monkeypatch.setenv(name, value)
+    production, and as `run --local` does (``own_s3``): a developer's AWS (~/.aws, a session token) must not
+    change what the tests see, nor their AWS_MAX_ATTEMPTS the retries they count."""
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    for name, value in environ.own_s3(seaweed.env()).items():
+        if value is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, value)
     return seaweed
 
 

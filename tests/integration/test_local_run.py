@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from aws_users import SSO_ENV, sso_user  # tests/aws_users.py
 from kfp import dsl
 
 from components.environ import patched_environ
@@ -100,6 +101,29 @@ def test_progress_lines_come_from_kfp_local_task_events(tmp_path):
     log = (tmp_path / "run.log").read_text()
     assert "Got executor_input" in log and "Task echo-step cache hit" in log  # kfp's own lines: in the log only
     assert (task_executor.execute_single_task, subprocess_task_handler.SubprocessTaskHandler.run) == hooked
+
+
+def test_the_local_services_and_steps_take_none_of_an_sso_users_aws(tmp_path, monkeypatch):
+    """A user behind AWS SSO or an assumed role has a session token and a profile set all the time; the local S3
+    refuses a token it did not issue (before: InvalidAccessKeyId, then StorageAuthError 403 in prepare-dataset).
+    The environment `run --local` gives its steps (here a step's process) and its MLflow server's artifact proxy
+    reach SeaweedFS with its own keys alone; the user's AWS is back afterwards."""
+    sso_user(monkeypatch, tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    from mlflow import MlflowClient
+
+    with local_services(tmp_path / "wd", log=lambda line: None) as env, patched_environ(env):
+        step = subprocess.run([sys.executable, "-c", (
+            "from components import storage\n"
+            f"storage.put_bytes(b'from a step', 's3://{BUCKET}/probe/x')\n"
+            f"print(storage.get_bytes('s3://{BUCKET}/probe/x').decode())\n")],
+            capture_output=True, text=True, timeout=120)
+        assert (step.returncode, step.stdout.strip()) == (0, "from a step"), step.stderr[-2000:]
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        run = client.create_run(client.create_experiment("sso-user"))
+        client.log_text(run.info.run_id, "through the artifact proxy", "note.txt")  # the server writes to S3
+        assert [f.path for f in client.list_artifacts(run.info.run_id)] == ["note.txt"]
+    assert {name: os.environ[name] for name in SSO_ENV} == SSO_ENV
 
 
 def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_run):

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from aws_users import SSO_ENV, SSO_TOKEN, sso_user  # tests/aws_users.py
 
 from components import environ, storage
 from components.errors import ConfigError
@@ -85,7 +86,8 @@ def test_the_environment_is_read_only_through_components_environ():
     readers = {str(p.relative_to(REPO)): found for p in SOURCES
                if p != REPO / "components" / "environ.py" and (found := direct_reads(p.read_text()))}
     assert not readers, ("read these through a declaration in components/environ.py (Variable.get / value / "
-                         f"set_default, or named_by_user for a name a config gives): {readers}")
+                         "set_default, named_by_user for a name a command line gives, judge_key for a judge's key): "
+                         f"{readers}")
 
 
 def test_every_variable_the_code_names_is_declared():
@@ -245,3 +247,35 @@ def test_every_entry_point_applies_the_settings(main, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def _signing(client) -> tuple[str, str | None]:
+    credentials = client._request_signer._credentials.get_frozen_credentials()
+    return credentials.access_key, credentials.token
+
+
+def test_an_s3_of_our_own_gets_none_of_the_users_aws_and_a_real_s3_keeps_the_session_token(monkeypatch, tmp_path):
+    """The S3 client's credentials as boto3 resolves them (no request is sent): against AWS, the user's session
+    credentials with their token; pointed at the local S3 (``own_s3``, what `run --local` gives its steps and
+    services), the local keys alone (before: the user's token went along and SeaweedFS answered 403)."""
+    sso_user(monkeypatch, tmp_path)
+    assert _signing(storage._client()) == ("ASIAUSERSESSIONKEY", SSO_TOKEN)
+
+    local = {"AWS_ENDPOINT_URL_S3": "http://127.0.0.1:8333", "AWS_ACCESS_KEY_ID": "AKLOCAL",
+             "AWS_SECRET_ACCESS_KEY": "SKLOCAL", "AWS_REGION": "us-east-1"}
+    with environ.patched_environ(environ.own_s3(local)):
+        client = storage._client()
+        assert _signing(client) == ("AKLOCAL", None)
+        assert client.meta.endpoint_url == "http://127.0.0.1:8333"
+        assert not {name for name in os.environ if name.startswith("AWS_")} - {*local, "AWS_CONFIG_FILE",
+                                                                            "AWS_SHARED_CREDENTIALS_FILE"}
+    assert {name: os.environ[name] for name in SSO_ENV} == SSO_ENV  # the user's AWS is back afterwards
+    assert _signing(storage._client()) == ("ASIAUSERSESSIONKEY", SSO_TOKEN)
+
+
+def test_an_s3_of_our_own_keeps_the_products_retry_setting(monkeypatch, tmp_path):
+    sso_user(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "7")
+    changes = environ.own_s3({"AWS_ACCESS_KEY_ID": "AKLOCAL"})
+    assert "AWS_MAX_ATTEMPTS" not in changes and changes["AWS_SESSION_TOKEN"] is None
+    assert changes["AWS_CONFIG_FILE"] == os.devnull and changes["AWS_ACCESS_KEY_ID"] == "AKLOCAL"

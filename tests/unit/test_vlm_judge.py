@@ -15,13 +15,17 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
+from components import environ
 from components.errors import ConfigError
+from components.launch.kubernetes import podspec
 from components.rewards.arguments import VLMJudgeArgs
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward
@@ -124,9 +128,9 @@ def test_yes_no_is_sigmoid_of_the_logprob_difference_and_the_request_is_openai_v
     top = [lp("Yes", -0.4), lp(" no", -1.6), lp("YES", -3.0), lp("maybe", -3.5), lp(" Yes ", -4.0),
            lp("Nope", -5.0)]
     server.handler = lambda n, body: (200, reply("Yes", top), 0.0)
-    monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
+    monkeypatch.setenv("VLM_JUDGE_API_KEY_MINE", "sk-test")
     batch = images(2)
-    out = judge(server, api_key_env="MY_JUDGE_KEY")(batch, ["a red cube", "a dog"], [{}, {}])
+    out = judge(server, api_key_env="VLM_JUDGE_API_KEY_MINE")(batch, ["a red cube", "a dog"], [{}, {}])
 
     expected = sigmoid_of([math.exp(-0.4), math.exp(-3.0), math.exp(-4.0)], [math.exp(-1.6)])
     assert out.errors == [None, None]
@@ -287,6 +291,52 @@ def test_callable_from_worker_threads_and_inside_a_running_loop(server):
         return reward(images(2), ["p"] * 2, [{}] * 2)
 
     assert asyncio.run(inside_loop()).failed == 0
+
+
+def _secret_refs(node: Any) -> Iterator[str]:
+    """The environment variables a manifest fills from a Secret (``valueFrom.secretKeyRef``)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("valueFrom"), dict) and "secretKeyRef" in node["valueFrom"]:
+            yield node["name"]
+        for value in node.values():
+            yield from _secret_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _secret_refs(value)
+
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+# What a pod or step holds besides a judge's key: every variable a manifest or launcher fills from a Secret, and
+# every other secret the product reads.
+CREDENTIALS = sorted({*(name for path in MANIFESTS.rglob("*.yaml") for doc in yaml.safe_load_all(path.read_text())
+                        for name in _secret_refs(doc)),
+                      *podspec.S3_SECRET_KEYS, *podspec.MLFLOW_SECRET_KEYS,
+                      *(v.name for v in environ.VARIABLES
+                        if v.kind == "secret" and v is not environ.VLM_JUDGE_API_KEY)})
+
+
+@pytest.mark.parametrize("name", [*CREDENTIALS, "MY_JUDGE_KEY", "vlm_judge_api_key", "VLM_JUDGE_API_KEYS", "HOME"])
+def test_a_config_names_no_other_variable_than_a_judge_key(name, server, monkeypatch):
+    """A config may come from anyone who starts a run (the KFP UI on a shared cluster): its judge's key variable is
+    refused when the config loads unless it is one meant for a judge's key, so a pod's credentials never reach
+    base_url."""
+    assert {"AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "KFP_TOKEN"} <= set(CREDENTIALS)
+    monkeypatch.setenv(name, "the-credential-value")
+    spec = {"name": "vlm_judge", "args": {"base_url": server.base_url, "model": "judge", "api_key_env": name}}
+    with pytest.raises(ConfigError, match=r"^invalid config test: rewards\.0\.args\.api_key_env: must be "
+                                          r"VLM_JUDGE_API_KEY or VLM_JUDGE_API_KEY_<NAME>") as info:
+        TrainingJobConfig.from_sections({"rewards": [spec]}, "test")
+    assert "the-credential-value" not in str(info.value) and "\n" not in str(info.value)
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("name", ["VLM_JUDGE_API_KEY", "VLM_JUDGE_API_KEY_OPENAI", "VLM_JUDGE_API_KEY_2"])
+def test_a_judge_key_variable_is_sent_as_the_bearer_token(name, server, monkeypatch):
+    monkeypatch.setenv(name, "sk-judge")
+    spec = {"name": "vlm_judge", "args": {"base_url": server.base_url, "model": "judge", "api_key_env": name}}
+    config = TrainingJobConfig.from_sections({"rewards": [spec]}, "test")
+    build_reward(config.rewards[0])(images(1), ["p"], [{}])
+    assert server.headers[0]["Authorization"] == "Bearer sk-judge"
 
 
 def test_no_api_key_sends_no_authorization(server, monkeypatch):
