@@ -40,7 +40,7 @@ RUN_OUTPUTS = {"runs", "checkpoints", "samples", "lora", "logs", "eval", "s3", "
 # Files a run writes or a user gives, named by what they are (a run's `config.yaml`, a model's `model_index.json`).
 OUTPUT_FILES = {"config.yaml", "config.json", "eval.json", "run.json", "manifest.json", "_MANIFEST.json",
                 "model_index.json", "report.html", "rewards.yaml", "my.yaml", "shapes-sd3.json", "lora.png", "base.png",
-                "pytorch_lora_weights.safetensors", "images/*.png"}
+                "pytorch_lora_weights.safetensors", "images/*.png", "open_gpu_figures.json"}
 # Upstream flow_grpo (GRPO-Guard included), DiffusionNFT, Flow-Factory and verl-omni files, cited with the commit
 # they were read at (docs/ALGORITHM.md).
 UPSTREAM = {"scripts/train_sd3.py", "scripts/train_sd3_fast.py", "scripts/train_flux.py",
