@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -77,6 +78,10 @@ class EndpointUnreachableError(StorageError):
 
 class ChecksumMismatchError(StorageError):
     """Downloaded bytes do not match the SHA-256 recorded when the object was uploaded."""
+
+
+class ObjectTooLargeError(StorageError):
+    """The object is larger than its reader takes (found from its size, before its bytes are read)."""
 
 
 class FolderPublishError(StorageError):
@@ -415,19 +420,50 @@ def put_bytes(data: bytes, uri: str) -> None:
                           Metadata={SHA256_METADATA_KEY: hashlib.sha256(data).hexdigest()})
 
 
-def get_bytes(uri: str) -> bytes:
-    """The whole content of ``uri``, checksum-verified. For small objects: it is read into memory."""
+def _too_large(uri: str, size: int, max_bytes: int) -> ObjectTooLargeError:
+    return ObjectTooLargeError(f"{uri} is {size} bytes, over the limit of {max_bytes} bytes for what is read here")
+
+
+def get_bytes(uri: str, max_bytes: int | None = None) -> bytes:
+    """The whole content of ``uri``, checksum-verified. For small objects: it is read into memory. With
+    ``max_bytes``, a larger object raises ObjectTooLargeError from its size, before its bytes are read (a local
+    file that grows meanwhile is still read no further)."""
     loc = _parse(uri)
     if isinstance(loc, Path):
         try:
-            return loc.read_bytes()
+            with loc.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if max_bytes is not None and size > max_bytes:
+                    raise _too_large(uri, size, max_bytes)
+                data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(f"cannot read {uri}: no such file") from None
+        if max_bytes is not None and len(data) > max_bytes:
+            raise _too_large(uri, len(data), max_bytes)
+        return data
     with _s3_errors(uri, "read") as client:
         response = client.get_object(Bucket=loc.bucket, Key=loc.key)
+        if max_bytes is not None and response["ContentLength"] > max_bytes:
+            response["Body"].close()
+            raise _too_large(uri, response["ContentLength"], max_bytes)
         data = response["Body"].read()
     _verify(uri, response.get("Metadata", {}), hashlib.sha256(data).hexdigest())
     return data
+
+
+def within(folder: str, rel: str) -> str | None:
+    """``rel`` joined to ``folder`` when the result stays inside it, else None. A local path is compared with
+    symbolic links resolved (the real path is returned: what was checked is what is read); an S3 key with its
+    ``.`` and ``..`` segments folded, as a server that normalises the request path would fold them."""
+    loc = _parse(folder)
+    if isinstance(loc, Path):
+        root = os.path.realpath(loc)
+        target = os.path.realpath(loc / rel)
+        return target if target.startswith(root.rstrip(os.sep) + os.sep) else None
+    key = posixpath.normpath(rel)
+    if rel.startswith("/") or key in (".", "..") or key.startswith("../"):
+        return None
+    return f"s3://{loc.bucket}/{_dir_key(loc.key)}{key}"
 
 
 def exists(uri: str) -> bool:

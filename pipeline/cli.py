@@ -98,7 +98,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     check_rewards(config)
-    data_note = data_path_note(config.data)
+    data_note = data_path_note(config.data, config.model.resolution)
     workers = config.cluster.workers.training_workers
     problems = epoch_split_problems(config, workers)
     if problems:
@@ -189,6 +189,9 @@ def _prepare_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", type=int, default=None, metavar="PX",
                    help="the model's resolution: also reject rows whose input images it cannot take (more than "
                         "2:1, or a side under a quarter of it); the pipeline passes model.resolution")
+    p.add_argument("--allow-external-images", action="store_true",
+                   help="also read input images named by absolute paths and s3:// URIs (by default a row's images "
+                        "are paths inside the input file's folder, or data: URLs); data.allow_external_images")
 
 
 @command("prepare-dataset", "validate, split and write a prompt dataset", _prepare_dataset_args)
@@ -201,7 +204,7 @@ def cmd_prepare_dataset(args: argparse.Namespace) -> int:
     source = f"{BUILTIN_PREFIX}{args.builtin}" if args.builtin else args.input
     result = prepare_dataset(source, args.output, kind=args.kind, test_fraction=args.test_fraction, seed=args.seed,
                              max_prompt_tokens=args.max_prompt_tokens, resolution=args.resolution,
-                             progress=status_line)
+                             allow_external=args.allow_external_images, progress=status_line)
     rows = result.manifest["rows"]
     print(f"{source}: kept {rows['kept']} of {rows['input']} rows ({rows['train']} train, {rows['test']} test)")
     print(f"rejected {rows['rejected']}: {result.rejections.summary()}")

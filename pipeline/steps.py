@@ -48,20 +48,21 @@ class PreparedRef:
 
 
 def _source_bytes(config: ExperimentConfig, scratch: Path) -> tuple[str, bytes]:
-    """The source prepare_dataset reads, and its bytes (they key the cache): ``dataset.source`` as given,
-    else the rows of ``data:`` written as JSONL."""
+    """The source prepare_dataset reads, and its bytes (they key the cache): ``dataset.source`` as given; else
+    ``data.path`` itself when its rows carry input images (their paths are relative to its folder); else the
+    prompts of ``data:`` written as JSONL."""
     from components.dataset.prepare import BUILTIN_PREFIX, builtin_source
     from components.dataset.prompts import load_prompt_rows
 
     source = config.dataset.source
     if source is None:
-        rows = load_prompt_rows(config.data)
-        text = "".join(json.dumps({"prompt": r.prompt, **r.metadata, **({"images": list(r.images)} if r.images
-                                                                           else {})}, ensure_ascii=False) + "\n"
-                       for r in rows)
-        path = scratch / "prompts.jsonl"
-        path.write_text(text, encoding="utf-8")
-        return str(path), text.encode()
+        rows = load_prompt_rows(config.data)  # refused as `train` refuses them, with the line
+        if not any(r.images for r in rows):
+            text = "".join(json.dumps({"prompt": r.prompt, **r.metadata}, ensure_ascii=False) + "\n" for r in rows)
+            path = scratch / "prompts.jsonl"
+            path.write_text(text, encoding="utf-8")
+            return str(path), text.encode()
+        source = config.data.path
     if source.startswith(BUILTIN_PREFIX):
         return source, builtin_source(source[len(BUILTIN_PREFIX):]).read_bytes()
     if storage.is_remote(source):
@@ -86,7 +87,8 @@ def prepare(config: ExperimentConfig, storage_root: str, log: Log = status_line)
     with tempfile.TemporaryDirectory(prefix="flowgrpo-dataset-") as tmp:
         source, content = _source_bytes(config, Path(tmp))
         options = {"kind": opts.kind, "test_fraction": opts.test_fraction, "seed": opts.seed,
-                   "max_prompt_tokens": opts.max_prompt_tokens, "resolution": config.model.resolution}
+                   "max_prompt_tokens": opts.max_prompt_tokens, "resolution": config.model.resolution,
+                   "allow_external": config.data.allow_external_images}
         key = hashlib.sha256(hashlib.sha256(content).digest() + json.dumps(options, sort_keys=True).encode())
         uri = storage.join(storage_root, "datasets", key.hexdigest()[:16])
         if storage.exists(storage.join(uri, "manifest.json")):
@@ -94,7 +96,7 @@ def prepare(config: ExperimentConfig, storage_root: str, log: Log = status_line)
             return PreparedRef(uri, read_manifest(uri), True)
         result = prepare_dataset(source, uri, kind=opts.kind, test_fraction=opts.test_fraction, seed=opts.seed,
                                  max_prompt_tokens=opts.max_prompt_tokens, resolution=config.model.resolution,
-                                 progress=log)
+                                 allow_external=config.data.allow_external_images, progress=log)
     rows = result.manifest["rows"]
     log(f"dataset: {uri}: {rows['train']} train / {rows['test']} test rows, {rows['rejected']} rejected")
     return PreparedRef(uri, result.manifest, False)

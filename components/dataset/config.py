@@ -38,6 +38,11 @@ class DataConfig(Section):
                     "model) file, or a folder written by `flowgrpo prepare-dataset` (it holds manifest.json); "
                     "a local path or an s3:// URI; or `builtin:NAME`, a built-in prompt set read as it ships",
     )
+    allow_external_images: bool = Field(
+        default=False,
+        description="also read input images a row names by an absolute path or an s3:// URI; off, a row's images "
+                    "are paths relative to its file's folder and inside it, or inline data: URLs",
+    )
     split: Literal["train", "test"] = Field(
         default="train",
         description="which split of a prepared dataset to read; `test` needs `path` to be a prepared dataset",

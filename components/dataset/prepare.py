@@ -13,11 +13,15 @@ Choices, and why:
   not truncated: the encoder would drop its tail silently while rewards still score the whole prompt.
 - Duplicates are rows whose prompts are equal after whitespace normalisation and whose input images have the same
   pixels; the first is kept.
-- Input images (a row's ``images``: a path, relative to the source file's folder, an ``s3://`` URI or a
-  ``data:`` URL, or a list of them) are read and checked as hostile input (``input_images.py``): a row whose
-  image is missing, unreadable, over the pixel limit or of a size the model cannot take (with ``resolution``:
-  ``components/models/input_images.py``) is rejected with its reason, like any bad row. Each image is stored once,
-  re-encoded as PNG, under ``images/``.
+- Input images (a row's ``images``: a path relative to the source file's folder and inside it, a ``data:`` URL,
+  with ``allow_external`` an absolute path or an ``s3://`` URI; one or a list of at most ``MAX_IMAGES_PER_ROW``)
+  are read and checked as hostile input (``input_images.check_image``): a row whose image is outside the folder,
+  missing, unreadable, over the file-size or pixel limit or of a size the model cannot take (with
+  ``resolution``) is rejected with its reason, like any bad row. Each image is stored once, re-encoded as PNG,
+  under ``images/``.
+- A JSONL or CSV line longer than ``MAX_LINE_BYTES`` is not parsed: a JSONL row is rejected (``line_too_long``)
+  and the rest of its line skipped unread; a CSV file is refused at that line (a CSV reader cannot find the next
+  record's start when a line, which may end inside a quoted field, is skipped).
 - Split: rows are ranked by ``sha256(f"{seed}:{id}")`` and the first ``round(n * test_fraction)`` (at least
   one when there are two rows or more and ``test_fraction > 0``, never all) form the test split. A row's
   split depends only on the seed, its prompt and the row count, not on the input order. Rows with input images
@@ -38,11 +42,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, NamedTuple
+from typing import IO, Any, Literal, NamedTuple
 
 from components import storage
 from components.dataset.config import BUILTIN_KINDS, PrepareConfig
-from components.dataset.input_images import InputImageError, load_image, pixels_name, png_bytes, resolve, size_problem
+from components.dataset.input_images import (
+    MAX_IMAGES_PER_ROW,
+    InputImageError,
+    check_image,
+    pixels_name,
+    png_bytes,
+    resolve,
+    too_many,
+)
 from components.dataset.prepared import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -64,6 +76,10 @@ Kind = Literal["ocr", "generic"]
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 BUILTIN_PREFIX = "builtin:"
 
+# The longest JSONL or CSV line read: a row with four inline (data: URL) images of 1.5 MiB each; larger images go
+# in files beside it. Parsing a line costs up to ~50 times its length (a JSON list of empty lists), so one row
+# costs at most ~500 MB RSS (measured: 480 MB in `validate`), where a 300 MB line cost 4 GB.
+MAX_LINE_BYTES = 8 * 2**20
 # Reason key -> what it means (in report order).
 REASONS = {
     "unparseable": "record does not parse",
@@ -72,10 +88,13 @@ REASONS = {
     "prompt_too_long": "prompt longer than max_prompt_tokens (estimated)",
     "no_ocr_target": "no quoted text and no ground_truth",
     "duplicate": "same prompt (and input images) as an earlier row",
+    "line_too_long": f"line longer than {MAX_LINE_BYTES} bytes",
     "bad_images": "images is not a string or a list of strings",
+    "too_many_images": f"more than {MAX_IMAGES_PER_ROW} input images",
+    "image_outside": "an input image outside the source file's folder, or not allowed there",
     "image_missing": "an input image does not exist",
     "image_unreadable": "an input image is corrupt or not PNG / JPEG",
-    "image_too_large": "an input image is over the pixel limit",
+    "image_too_large": "an input image is over the file-size or pixel limit",
     "image_size": "an input image of a size the model cannot take",
 }
 MAX_EXAMPLES = 5
@@ -153,9 +172,26 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def bounded_lines(f: IO[bytes]) -> Iterator[tuple[int, bytes | None]]:
+    """(number, bytes) of each line of ``f``; None for a line over ``MAX_LINE_BYTES``, whose rest is skipped a MiB
+    at a time, never held."""
+    lineno = 0
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while (rest := f.readline(2**20)) and not rest.endswith(b"\n"):
+                pass
+            yield lineno, None
+        else:
+            yield lineno, raw
+
+
 def _jsonl_records(path: Path, source: str) -> Iterator[_Record]:
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in bounded_lines(f):
+            if raw is None:
+                yield _Record(lineno, None, "line_too_long", f"over {MAX_LINE_BYTES} bytes")
+                continue
             try:
                 text = raw.decode()
             except UnicodeDecodeError as exc:
@@ -167,7 +203,7 @@ def _jsonl_records(path: Path, source: str) -> Iterator[_Record]:
                 continue
             try:
                 obj = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python's stack
                 yield _Record(lineno, None, "unparseable", f"bad JSON: {getattr(exc, 'msg', exc)}")
                 continue
             if not isinstance(obj, dict):
@@ -176,9 +212,19 @@ def _jsonl_records(path: Path, source: str) -> Iterator[_Record]:
             yield _Record(lineno, obj)
 
 
+def _csv_lines(f: IO[str], source: str) -> Iterator[str]:
+    lineno = 0
+    while line := f.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise DataError(f"{source}:{lineno}: a line longer than {MAX_LINE_BYTES} characters; split the record "
+                            "or give its images as files beside the CSV")
+        yield line
+
+
 def _csv_records(path: Path, source: str) -> Iterator[_Record]:
     with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-        reader = csv.reader(f)
+        reader = csv.reader(_csv_lines(f, source))
         header = next(reader, None)
         if header is None:
             return
@@ -226,20 +272,12 @@ def _parquet_records(path: Path, source: str) -> Iterator[_Record]:
         raise DataError(f"{source}: cannot read the Parquet rows after row {n} ({exc})") from exc
 
 
-def _image_refs(value: Any, base: str | None) -> tuple[str, ...] | None:
-    """A row's ``images`` as references (see ``input_images.resolve``), or None when it is not one or more
-    non-empty strings."""
-    refs = [value] if isinstance(value, str) else value
-    if not isinstance(refs, list | tuple) or not all(isinstance(r, str) and r.strip() for r in refs):
-        return None
-    return tuple(resolve(r.strip(), base) for r in refs)
-
-
-def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int,
-              base: str | None = None) -> tuple[PromptRow | None, str, str]:
+def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int, base: str,
+              allow_external: bool = False) -> tuple[PromptRow | None, str, str]:
     """The row a record makes, or None with the reason (a key of ``REASONS``) and a detail. The one row check:
     `prepare-dataset` rejects such a row, a training run reading a prompt file directly stops on it. Input images
-    are only named here (relative to the file ``base``); reading them is ``input_images``'."""
+    are only named here (``input_images.resolve``: relative to the file ``base`` and inside its folder, absolute
+    paths and URIs with ``allow_external``); reading them is ``input_images.check_image``'s."""
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         return None, "missing_prompt", "" if prompt is None else f"prompt is {prompt!r}"[:80]
@@ -249,13 +287,20 @@ def check_row(fields: dict[str, Any], kind: Kind, max_prompt_tokens: int,
         return None, "prompt_too_long", f"about {tokens} tokens, limit {max_prompt_tokens}"
     images: tuple[str, ...] = ()
     if _present(fields.get("images")) and fields.get("images") != []:
-        images = _image_refs(fields["images"], base)
-        if images is None:
+        refs = [fields["images"]] if isinstance(fields["images"], str) else fields["images"]
+        if not isinstance(refs, list | tuple) or not all(isinstance(r, str) and r.strip() for r in refs):
             return None, "bad_images", f"images is {fields['images']!r}"[:80]
+        problem = too_many(len(refs))
+        if problem:
+            return None, "too_many_images", problem
+        try:
+            images = tuple(resolve(r.strip(), base, allow_external) for r in refs)
+        except InputImageError as exc:
+            return None, exc.reason, str(exc)[:400]
     metadata = {k: v for k, v in fields.items() if k not in ("prompt", "images") and _present(v)}
     try:
         metadata_json(metadata)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         return None, "unparseable", f"metadata not JSON-serialisable ({exc})"
     if kind == "ocr" and not target_text(prompt, metadata).strip():
         return None, "no_ocr_target", ""
@@ -269,12 +314,9 @@ def _stored_images(row: PromptRow, resolution: int | None,
     names = []
     for ref in row.images:
         try:
-            image = load_image(ref)
+            image = check_image(ref, resolution)
         except InputImageError as exc:
             return None, exc.reason, str(exc)[:200]
-        problem = size_problem(image.shape[0], image.shape[1], resolution) if resolution else None
-        if problem:
-            return None, "image_size", problem
         name = pixels_name(image)
         if name not in store:
             store[name] = png_bytes(image)
@@ -283,7 +325,7 @@ def _stored_images(row: PromptRow, resolution: int | None,
 
 
 def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int, resolution: int | None,
-               store: dict[str, bytes],
+               allow_external: bool, store: dict[str, bytes],
                progress: Callable[[str], None]) -> tuple[list[PromptRow], Rejections, int]:
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -292,7 +334,7 @@ def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int, reso
     rejections = Rejections(unit="row" if fmt == "parquet" else "line")
     rows: list[PromptRow] = []
     first_seen: dict[tuple[str, tuple[str, ...]], int] = {}
-    base = None if source.startswith(BUILTIN_PREFIX) else source
+    base = str(path) if source.startswith(BUILTIN_PREFIX) else source
     n = 0
     last = time.monotonic()
     for record in records:
@@ -303,7 +345,7 @@ def _read_rows(path: Path, source: str, kind: Kind, max_prompt_tokens: int, reso
         if record.fields is None:
             rejections.add(record.reason, record.where, record.detail)
             continue
-        row, reason, detail = check_row(record.fields, kind, max_prompt_tokens, base)
+        row, reason, detail = check_row(record.fields, kind, max_prompt_tokens, base, allow_external)
         if row is not None and row.images:
             row, reason, detail = _stored_images(row, resolution, store)
         if row is not None and row.key in first_seen:
@@ -345,13 +387,14 @@ def prepare_dataset(source: str, output: str, *, kind: Kind | None = None,
                     test_fraction: float = PrepareConfig.default_of("test_fraction"),
                     seed: int = PrepareConfig.default_of("seed"),
                     max_prompt_tokens: int = PrepareConfig.default_of("max_prompt_tokens"),
-                    resolution: int | None = None,
+                    resolution: int | None = None, allow_external: bool = False,
                     progress: Callable[[str], None] | None = None) -> PreparedDataset:
     """Validate ``source`` (a path, an ``s3://`` URI or ``builtin:NAME``), split it and write it to ``output``.
 
     ``kind`` "ocr" also rejects rows without a text to render; it defaults to "ocr" for ``builtin:ocr`` and
-    "generic" otherwise. ``resolution``: the model's, to reject input images of a size it cannot take. Raises
-    DataError when nothing usable is left, listing the reasons.
+    "generic" otherwise. ``resolution``: the model's, to reject input images of a size it cannot take.
+    ``allow_external``: also read input images named by absolute paths and URIs (``data.allow_external_images``).
+    Raises DataError when nothing usable is left, listing the reasons.
     """
     progress = progress or log.info
     if not 0 <= test_fraction < 1:
@@ -373,7 +416,8 @@ def prepare_dataset(source: str, output: str, *, kind: Kind | None = None,
                 raise DataError(f"{source} does not exist or is not a file")
         store: dict[str, bytes] = {}
         rows, rejections, n_records = _read_rows(local, source if builtin is None else BUILTIN_PREFIX + builtin,
-                                                 kind, max_prompt_tokens, resolution, store, progress)
+                                                 kind, max_prompt_tokens, resolution, allow_external, store,
+                                                 progress)
         if not rows:
             what = f"all {n_records} rows rejected: {rejections.summary()}" if n_records else "holds no rows"
             raise DataError(f"{source}: {what}")

@@ -8,7 +8,8 @@ across preparations), ``prompt`` (whitespace-normalised), ``images`` (a list of 
 for a text-to-image row) and ``metadata`` (a JSON object as text: rows carry different keys, and JSON keeps
 their values exactly, where a Parquet struct would force one schema on every row and fill the gaps with nulls).
 Rows are sorted by ``id``, so the same rows give the same files whatever order the input had. Schema version 1
-(no ``images`` column) is still read.
+(no ``images`` column) is still read. A reader takes an image name only in that form and only when it stays
+inside the folder with symbolic links resolved: a dataset reads nothing but what it holds.
 
 The manifest is written last, so a folder without one is incomplete. It holds, per split, the row count
 and the SHA-256 of the canonical rows (below); a reader recomputes it, which catches split files that do
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +33,7 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 IMAGES_DIR = "images"
+IMAGE_NAME = re.compile(rf"{IMAGES_DIR}/[0-9a-f]{{16}}\.png")
 SPLITS = ("train", "test")
 COLUMNS = ("id", "prompt", "images", "metadata")
 
@@ -139,5 +142,16 @@ def read_split(uri: str, split: str) -> tuple[list[PromptRow], dict[str, Any]]:
     if not matches:
         raise DataError(f"{where} does not match {MANIFEST_NAME} beside it (rows or content hash differ): "
                         "the folder was modified or is half re-written; re-run `flowgrpo prepare-dataset`")
-    return [replace(r, images=tuple(storage.join(uri, name) for name in r.images)) if r.images else r
-            for r in rows], manifest
+    inside = {name: _image_inside(uri, where, name) for name in {name for r in rows for name in r.images}}
+    return [replace(r, images=tuple(inside[name] for name in r.images)) if r.images else r for r in rows], manifest
+
+
+def _image_inside(uri: str, where: str, name: str) -> str:
+    """Where the stored image ``name`` of the dataset ``uri`` is read from; DataError unless it is a name prepare
+    writes and stays inside the folder (``storage.within``: symbolic links resolved)."""
+    inside = storage.within(uri, name) if IMAGE_NAME.fullmatch(name) else None
+    if inside is None:
+        raise DataError(f"{where}: the images column names {name[:200]!r}, not an {IMAGES_DIR}/<16 hex>.png file "
+                        f"inside {uri} (a symbolic link out of it counts as outside); re-run `flowgrpo "
+                        "prepare-dataset`")
+    return inside

@@ -70,9 +70,8 @@ class PromptEncoder:
         """The embeddings of ``rows`` computed now: their prompts, with their input images when they have any."""
         images = None
         if any(r.images for r in rows):
-            where = [describe(r) for r in rows]
-            images = model_input([load_row_images(r.images, w) for r, w in zip(rows, where, strict=True)],
-                                 self.resolution, where)
+            images = model_input([load_row_images(r.images, describe(r), self.resolution) for r in rows],
+                                 self.resolution)
         return self.model.encode_prompts([r.prompt for r in rows], images)
 
     def _rows(self, rows: list[PromptRow]) -> list[PromptEmbeddings]:

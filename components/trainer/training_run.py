@@ -10,10 +10,10 @@ import yaml
 
 from components import storage
 from components.console import status_line
-from components.dataset.input_images import describe, load_row_images, size_problem
+from components.dataset.input_images import check_rows
 from components.dataset.prepared import PromptRow
 from components.dataset.prompts import dataset_hash, load_prompt_rows
-from components.errors import CheckpointError, DataError
+from components.errors import CheckpointError
 from components.flowgrpo.metrics import MetricsFile
 from components.models.loading import check_model_path
 from components.registry.versions import register_lora_version
@@ -46,19 +46,8 @@ def check_before_writing(config: TrainingJobConfig, workers: int) -> list[Prompt
         check_specs(config.rewards, "rewards")
     check_model_path(config.model)
     rows = load_prompt_rows(config.data)
-    _check_input_images(rows + showcase_rows(config), config.model.resolution)
+    check_rows(rows + showcase_rows(config), config.model.resolution)
     return rows
-
-
-def _check_input_images(rows: list[PromptRow], resolution: int) -> None:
-    """Read every input image of ``rows`` as the trainer reads it (``load_row_images``: missing, corrupt, a
-    decompression bomb) and refuse a size it cannot edit at ``resolution``; the images stay in ``load_image``'s
-    cache for a trainer in this process."""
-    for row in {r.images: r for r in rows if r.images}.values():
-        where = describe(row)
-        for image in load_row_images(row.images, where):
-            if problem := size_problem(image.shape[0], image.shape[1], resolution):
-                raise DataError(f"{where}: input image {problem}")
 
 
 def _check_output(out: RunOutput, resume: bool | str) -> tuple[str, ckpt.TrainerState] | None:

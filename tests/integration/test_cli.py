@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from servers import free_port
 
+from components.dataset.prepare import MAX_LINE_BYTES
+from components.dataset.prepared import PromptRow, rows_sha256, write_split
 from pipeline.config import DEFAULT_CONFIG
 
 REPO = Path(__file__).resolve().parents[2]
@@ -351,9 +353,21 @@ def _bad_data_paths(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "folder.txt").mkdir()
     long = tmp_path / "long.txt"
     long.write_text("a cat\n" + "a" * 1_000_000 + "\n")  # before: train reached 2.0 GB RSS on it
+    line = tmp_path / "line.jsonl"  # before: a 300 MB line took validate to 2.4 GB RSS
+    line.write_text('{"prompt": "a cat", "x": "' + "0" * MAX_LINE_BYTES + '"}\n')
+    escape = tmp_path / "escape"  # a prepared dataset edited to read outside its folder, its hashes recomputed
+    escape.mkdir()
+    rows = [PromptRow("make it red", {}, ("../outside.png",))]
+    for split, part in (("train", rows), ("test", [])):
+        write_split(part, escape / f"{split}.parquet")
+    (escape / "manifest.json").write_text(json.dumps({
+        "schema_version": 2, "content_sha256": "x", "rows": {"train": 1, "test": 0},
+        "splits": {"train": {"rows": 1, "sha256": rows_sha256(rows)}, "test": {"rows": 0, "sha256": rows_sha256([])}}}))
     return {"/dev/null": "must be a .txt or .jsonl file or a prepared dataset folder",
-            str(latin): "is not UTF-8 text", str(tmp_path / "folder.txt"): "does not exist or is not a file",
-            str(long): f"{long}:2: prompt longer than max_prompt_tokens (estimated) (about 250000 tokens, limit 256)"}
+            str(latin): f"{latin}:1: not UTF-8 text", str(tmp_path / "folder.txt"): "does not exist or is not a file",
+            str(long): f"{long}:2: prompt longer than max_prompt_tokens (estimated) (about 250000 tokens, limit 256)",
+            str(line): f"{line}:1: a line longer than {MAX_LINE_BYTES} bytes",
+            str(escape): "train.parquet: the images column names '../outside.png', not an images/<16 hex>.png file"}
 
 
 def test_validate_and_train_refuse_an_unreadable_data_path_with_the_same_line_writing_nothing(tmp_path, capsys):

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from components import storage
 from components.dataset.config import DataConfig
 from components.dataset.prepare import prepare_dataset
 from components.dataset.prepared import read_split
 from components.dataset.prompts import dataset_hash, load_prompt_rows
+from components.errors import DataError
 from pipeline.services.seaweed import SeaweedS3
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +59,27 @@ def test_prepare_from_s3_to_s3_then_train_config_reads_it(prefix):
     test_rows = load_prompt_rows(DataConfig(prompts=None, path=out, split="test"))
     assert {r.prompt for r in rows} | {r.prompt for r in test_rows} == {json.loads(x)["prompt"] for x in LINES}
     assert dataset_hash(DataConfig(prompts=None, path=out)) == manifest["content_sha256"]
+
+
+def test_an_editing_set_on_s3_reads_only_its_own_images_and_none_over_the_size_limit(prefix, monkeypatch):
+    from components.dataset import input_images
+
+    png = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(png, "PNG")
+    storage.put_bytes(png.getvalue(), f"{prefix}/in/img/a.png")
+    storage.put_bytes(png.getvalue(), f"{prefix}/secret.png")
+    storage.put_bytes(b"\x89PNG" + bytes(5000), f"{prefix}/in/img/large.png")
+    monkeypatch.setattr(input_images, "MAX_IMAGE_BYTES", 4096)
+    rows = [{"prompt": "make it red", "images": "img/a.png"}, {"prompt": "make it blue", "images": "../secret.png"},
+            {"prompt": "make it green", "images": "img/large.png"}]
+    storage.put_bytes("".join(json.dumps(r) + "\n" for r in rows).encode(), f"{prefix}/in/rows.jsonl")
+    result = prepare_dataset(f"{prefix}/in/rows.jsonl", f"{prefix}/out", test_fraction=0)
+    assert {k: v for k, v in result.rejections.examples.items() if v} == {"image_outside": [2], "image_too_large": [3]}
+    assert "is 5004 bytes, over the limit of 4096" in result.rejections.details["image_too_large"]
+    (row,) = load_prompt_rows(DataConfig(prompts=None, path=f"{prefix}/out"))
+    assert row.images[0].startswith(f"{prefix}/out/images/")
+    with pytest.raises(DataError, match=r"rows\.jsonl:2: an input image outside the source file's folder"):
+        load_prompt_rows(DataConfig(prompts=None, path=f"{prefix}/in/rows.jsonl"))
 
 
 def test_csv_input_from_s3_matches_local_preparation(prefix, tmp_path):

@@ -77,6 +77,7 @@ def test_a_trained_edit_lora_reloads_and_the_registered_model_edits_the_given_im
     """The LoRA of an editing run, loaded by the pipeline's own load_lora_weights, makes the images the trainer's
     model makes from the same input; the registered pyfunc takes the input as input_image_b64 and serves them."""
     import json
+    from pathlib import Path
     from types import SimpleNamespace
 
     from components.dataset.input_images import square
@@ -87,8 +88,9 @@ def test_a_trained_edit_lora_reloads_and_the_registered_model_edits_the_given_im
     from pipeline.config import CONFIG_DIR, load_config
 
     rows = _rows(tmp_path, 2)
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"prompt": r.prompt, "images": list(r.images)}) + "\n"
-                                                 for r in rows))
+    # the images beside the file, named relative to it (an absolute path needs data.allow_external_images)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps({"prompt": r.prompt, "images": [Path(r.images[0]).name]})
+                                                 + "\n" for r in rows))
     config = load_config(CONFIG_DIR / "tiny-flux-cpu.yaml", [
         "model.kind=tiny-flux-kontext", "data.prompts=null", f"data.path={tmp_path / 'rows.jsonl'}", "train.epochs=1",
         "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",

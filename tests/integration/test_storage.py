@@ -49,6 +49,23 @@ def test_bytes_round_trip(root: str) -> None:
     assert not storage.exists(f"{root}/a")  # a folder is not an object
 
 
+def test_get_bytes_refuses_an_object_over_its_limit_from_its_size(root: str) -> None:
+    uri = f"{root}/a/image.png"
+    storage.put_bytes(b"x" * 100, uri)
+    assert storage.get_bytes(uri, max_bytes=100) == b"x" * 100
+    with pytest.raises(storage.ObjectTooLargeError, match=r"image\.png is 100 bytes, over the limit of 99 bytes"):
+        storage.get_bytes(uri, max_bytes=99)
+
+
+def test_within_keeps_a_relative_name_inside_its_folder(root: str, tmp_path: Path) -> None:
+    folder = f"{root}/set"
+    storage.put_bytes(b"x", f"{folder}/img/a.png")
+    inside = storage.within(folder, "img/./b/../a.png")
+    assert inside is not None and storage.get_bytes(inside) == b"x"
+    for rel in ("../a.png", "img/../../a.png", "/img/a.png", ".."):
+        assert storage.within(folder, rel) is None, rel
+
+
 def test_file_and_dir_round_trip(root: str, tmp_path: Path) -> None:
     files = {"model.safetensors": os.urandom(300_000), "sub/dir/config.json": b'{"a": 1}', "empty": b""}
     src = write_tree(tmp_path / "src", files)

@@ -14,7 +14,7 @@ EXPECTED = {
     "evaluate": CONFIG | {"--lora", "--output", "--metrics", "--registered-model", "--mlflow-parent-run-id"},
     "rayjob": CONFIG | {"--output", "--run-id", "--mlflow-parent-run-id"},
     "prepare-dataset": {"--input", "--builtin", "--output", "--kind", "--test-fraction", "--seed", "--resolution",
-                        "--max-prompt-tokens"},
+                        "--max-prompt-tokens", "--allow-external-images"},
     "run": CONFIG | {"--local", "--workdir", "--ray-workers", "--ui-port"},
     "ui": {"--workdir", "--port"},
     "replay-mlflow": {"output", "--experiment", "--run-name", "--no-register", "--force"},

@@ -7,6 +7,7 @@ import csv
 import json
 import random
 import re
+import tracemalloc
 from pathlib import Path
 
 import pyarrow as pa
@@ -111,6 +112,38 @@ def test_csv_defects_name_the_line_where_the_record_starts(tmp_path):
         "bad_encoding": [3], "unparseable": [4], "missing_prompt": [7], "duplicate": [8]}
     kept = {row.prompt: row.metadata for rows in all_rows(tmp_path / "out").values() for row in rows}
     assert kept == {'a red "EXIT" sign': {"ground_truth": "EXIT"}, "a prompt over two lines": {}}
+
+
+def test_a_line_over_the_limit_is_rejected_unread_and_a_deep_one_does_not_crash(tmp_path, monkeypatch):
+    # Before: a 300 MB single-line JSONL cost prepare-dataset 4.0 GB RSS and 41 s (and the row was kept); 100,000
+    # nested brackets ended in a RecursionError traceback.
+    monkeypatch.setattr(prep, "MAX_LINE_BYTES", 20_000)
+    head = '{"prompt": "a long row", "pad": "'
+    at_limit = head + "x" * (20_000 - len(head) - 2) + '"}'
+    src = write_lines(tmp_path / "in.jsonl", [
+        jl(prompt="a cat"),                               # 1 kept
+        '{"prompt": "a dog", "x": "' + "0" * 30_000_000 + '"}',  # 2 line_too_long: 30 MB, never held
+        "[" * 5000 + "]" * 5000,                          # 3 unparseable: nested past Python's stack
+        at_limit,                                         # 4 kept: exactly the limit
+        jl(prompt="a cow"),                               # 5 kept: reading goes on after the long line
+    ])
+    assert len(at_limit.encode()) == prep.MAX_LINE_BYTES
+    prepare_dataset(str(write_lines(tmp_path / "warm.jsonl", [jl(prompt="a")])), str(tmp_path / "warm"))  # imports
+    tracemalloc.start()
+    try:
+        result = prepare_dataset(str(src), str(tmp_path / "out"), test_fraction=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    r = result.rejections
+    assert {k: v for k, v in r.examples.items() if v} == {"line_too_long": [2], "unparseable": [3]}
+    assert r.details["line_too_long"] == "over 20000 bytes" and "recursion" in r.details["unparseable"]
+    assert sorted(row.prompt for row in all_rows(tmp_path / "out")["train"]) == ["a cat", "a cow", "a long row"]
+    assert peak < 10 * 2**20  # the long line's first 20 kB, then 1 MiB reads (before: the 30 MB line, parsed)
+    csv_src = tmp_path / "in.csv"
+    csv_src.write_text("prompt\na cat\n" + "a," * 20_000 + "\n")
+    with pytest.raises(DataError, match=r"in\.csv:3: a line longer than 20000 characters"):
+        prepare_dataset(str(csv_src), str(tmp_path / "csv"))
 
 
 def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):

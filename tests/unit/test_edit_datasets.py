@@ -5,6 +5,7 @@ import base64
 import hashlib
 import io
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -13,9 +14,9 @@ import pytest
 from PIL import Image
 
 from components.dataset.config import DataConfig
-from components.dataset.input_images import load_row_images
+from components.dataset.input_images import load_row_images, pixels_name
 from components.dataset.prepare import prepare_dataset
-from components.dataset.prepared import PromptRow, read_split, row_id, rows_sha256
+from components.dataset.prepared import PromptRow, read_split, row_id, rows_sha256, write_split
 from components.dataset.prompts import load_prompt_rows
 from components.errors import DataError
 
@@ -140,3 +141,80 @@ def test_a_data_url_row_is_stored_like_a_file(tmp_path):
     prepare_dataset(source, str(tmp_path / "out"), test_fraction=0)
     (row,) = read_split(str(tmp_path / "out"), "train")[0]
     assert row.images[0].endswith(".png") and np.array_equal(load_row_images(row.images, "")[0], _image(5))
+
+
+def test_images_outside_the_source_folder_are_rejected_and_absolute_ones_need_the_opt_in(tmp_path):
+    # Before: "../outside/secret.png" was kept and the file copied into the prepared dataset.
+    (tmp_path / "outside").mkdir()
+    _save(_image(7), tmp_path / "outside" / "secret.png")
+    (tmp_path / "ds").mkdir()
+    _save(_image(0), tmp_path / "ds" / "ok.png")
+    (tmp_path / "ds" / "link.png").symlink_to(tmp_path / "outside" / "secret.png")
+    secret = str(tmp_path / "outside" / "secret.png")
+    source = _jsonl(tmp_path / "ds" / "rows.jsonl", [
+        {"prompt": "make it red", "images": "ok.png"},                    # 1 kept
+        {"prompt": "make it blue", "images": "../outside/secret.png"},    # 2 image_outside
+        {"prompt": "make it green", "images": "link.png"},                # 3 image_outside (a link out)
+        {"prompt": "make it grey", "images": secret},                     # 4 absolute: needs the opt-in
+        {"prompt": "make it pink", "images": ["ok.png"] * 5},             # 5 too_many_images
+    ])
+    result = prepare_dataset(source, str(tmp_path / "out"), test_fraction=0)
+    r = result.rejections
+    assert {k: v for k, v in r.examples.items() if v} == {"image_outside": [2, 3, 4], "too_many_images": [5]}
+    assert "leads outside" in r.details["image_outside"] and "at most 4" in r.details["too_many_images"]
+    assert [p.name for p in (tmp_path / "out" / "images").iterdir()] == [pixels_name(_image(0)).split("/")[1]]
+    allowed = prepare_dataset(source, str(tmp_path / "out2"), test_fraction=0, allow_external=True)
+    assert allowed.rejections.examples["image_outside"] == [2, 3]  # the opt-in is for absolute paths only
+    assert sorted(r.prompt for r in read_split(str(tmp_path / "out2"), "train")[0]) == ["make it grey",
+                                                                                      "make it red"]
+    with pytest.raises(DataError, match=r"rows\.jsonl:2: an input image outside the source file's folder"):
+        load_prompt_rows(DataConfig(prompts=None, path=source))
+    external = _jsonl(tmp_path / "ds" / "external.jsonl", [{"prompt": "make it grey", "images": secret}])
+    with pytest.raises(DataError, match=r"data\.allow_external_images: true"):
+        load_prompt_rows(DataConfig(prompts=None, path=external))
+    assert load_prompt_rows(DataConfig(prompts=None, path=external, allow_external_images=True))[0].images == (secret,)
+
+
+def _rewrite_images(folder, images: list[str]) -> None:
+    """The train split of the prepared dataset ``folder`` with its images column replaced and the manifest's hash
+    recomputed, as someone who edits a prepared dataset would do."""
+    rows = [PromptRow("make it red", {}, (name,)) for name in images]
+    write_split(rows, folder / "train.parquet")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["splits"]["train"].update(rows=len(rows), sha256=rows_sha256(rows))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["../outside/secret.png", "/etc/hostname", "images/../../outside/secret.png",
+                                  "s3://bucket/x.png", "images/link.png"])
+def test_a_prepared_dataset_whose_images_leave_its_folder_is_refused(tmp_path, name):
+    # Before: the escaping names passed `validate` and `train` read them.
+    (tmp_path / "outside").mkdir()
+    _save(_image(7), tmp_path / "outside" / "secret.png")
+    prepare_dataset(_edit_set(tmp_path / "outside", images=1), str(tmp_path / "out"), test_fraction=0)
+    _rewrite_images(tmp_path / "out", [name])
+    with pytest.raises(DataError, match=f"names {re.escape(repr(name))}, not an images/<16 hex>.png file inside"):
+        read_split(str(tmp_path / "out"), "train")
+    stored = next((tmp_path / "out" / "images").iterdir())
+    link = tmp_path / "out" / "images" / "0123456789abcdef.png"
+    link.symlink_to(tmp_path / "outside" / "secret.png")
+    _rewrite_images(tmp_path / "out", [f"images/{stored.name}", "images/0123456789abcdef.png"])
+    with pytest.raises(DataError, match=r"names 'images/0123456789abcdef\.png'.*a symbolic link out of it"):
+        read_split(str(tmp_path / "out"), "train")
+
+
+def test_the_pipeline_step_prepares_a_data_path_with_images_from_that_files_folder(tmp_path, monkeypatch):
+    # Before: the rows were copied into a scratch file elsewhere, so images named relative to a relative data.path
+    # were looked for beside the scratch file and every row was rejected (image_missing).
+    from pipeline import steps
+    from pipeline.config import load_config
+
+    (tmp_path / "set").mkdir()
+    _edit_set(tmp_path / "set", images=2)
+    monkeypatch.chdir(tmp_path)
+    config = load_config("tiny-cpu", ["data.prompts=null", "data.path=set/edits.jsonl"])
+    ref = steps.prepare(config, str(tmp_path / "store"), log=lambda _m: None)
+    rows = [r for s in ("train", "test") for r in read_split(ref.uri, s)[0]]
+    assert len(rows) == 6 and ref.manifest["images"] == 2
+    assert {r.metadata["scene"]: np.array_equal(load_row_images(r.images, "")[0], _image(r.metadata["scene"]))
+            for r in rows} == {0: True, 1: True}

@@ -3,12 +3,19 @@ takes."""
 
 import base64
 import io
+import os
+import re
+import struct
+import time
+import tracemalloc
+import zlib
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from components.dataset import input_images as ii
+from components.dataset.prepared import PromptRow
 from components.errors import DataError
 
 
@@ -23,15 +30,50 @@ def _image(h: int, w: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("ref", "base", "expected"), [
-    ("a.png", "/data/rows.jsonl", "/data/a.png"),
     ("img/a.png", "s3://bucket/sets/rows.jsonl", "s3://bucket/sets/img/a.png"),
-    ("/abs/a.png", "/data/rows.jsonl", "/abs/a.png"),
-    ("s3://other/a.png", "/data/rows.jsonl", "s3://other/a.png"),
+    ("./img/../a.png", "s3://bucket/sets/rows.jsonl", "s3://bucket/sets/a.png"),
+    ("a.png", "s3://bucket/rows.jsonl", "s3://bucket/a.png"),
     ("data:image/png;base64,AAAA", "/data/rows.jsonl", "data:image/png;base64,AAAA"),
-    ("a.png", None, "a.png"),
 ])
 def test_a_relative_reference_is_relative_to_the_file_that_names_it(ref, base, expected):
     assert ii.resolve(ref, base) == expected
+
+
+def test_a_local_reference_comes_back_real_and_inside_the_files_folder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.png").write_bytes(b"")
+    (tmp_path / "link.png").symlink_to(tmp_path / "sub" / "a.png")  # a link that stays inside is followed
+    base = str(tmp_path / "rows.jsonl")
+    assert ii.resolve("sub/a.png", base) == ii.resolve("link.png", base) == str(tmp_path / "sub" / "a.png")
+
+
+@pytest.mark.parametrize("ref", ["../outside/secret.png", "sub/../../outside/secret.png", "escape.png",
+                                 "escdir/secret.png"])
+def test_a_reference_that_leaves_the_files_folder_is_refused(tmp_path, ref):
+    # Before: "../outside/secret.png" was read and copied into the prepared dataset.
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.png").write_bytes(b"")
+    (tmp_path / "ds" / "sub").mkdir(parents=True)
+    (tmp_path / "ds" / "escape.png").symlink_to(tmp_path / "outside" / "secret.png")
+    (tmp_path / "ds" / "escdir").symlink_to(tmp_path / "outside")
+    for allow_external in (False, True):  # the opt-in is for absolute paths and URIs, never for a way out
+        with pytest.raises(ii.InputImageError) as err:
+            ii.resolve(ref, str(tmp_path / "ds" / "rows.jsonl"), allow_external)
+        assert err.value.reason == "image_outside" and f"input image {ref}: leads outside" in str(err.value)
+
+
+@pytest.mark.parametrize("ref", ["../secret.png", "sub/../../secret.png", "..", "."])
+def test_an_s3_reference_that_leaves_the_files_prefix_is_refused(ref):
+    with pytest.raises(ii.InputImageError, match=f"input image {re.escape(ref)}: leads outside s3://bucket/ds"):
+        ii.resolve(ref, "s3://bucket/ds/rows.jsonl", allow_external=True)
+
+
+@pytest.mark.parametrize("ref", ["/abs/a.png", "s3://other/a.png", "file:///abs/a.png"])
+def test_an_absolute_path_or_a_uri_needs_the_opt_in(ref):
+    with pytest.raises(ii.InputImageError) as err:
+        ii.resolve(ref, "/data/rows.jsonl")
+    assert err.value.reason == "image_outside" and "data.allow_external_images: true" in str(err.value)
+    assert ii.resolve(ref, "/data/rows.jsonl", allow_external=True) == ref
 
 
 def test_a_path_and_a_data_url_give_the_files_pixels(tmp_path):
@@ -87,8 +129,116 @@ def test_model_input_is_batch_images_channels_in_minus_one_to_one():
     assert x.min() >= -1 and x.max() <= 1
 
 
-def test_model_input_names_the_row_whose_image_the_model_cannot_take():
-    with pytest.raises(DataError, match=r"^the row 'b': input image 10x40 px is more than 2:1"):
-        ii.model_input([[_image(16, 16)], [_image(40, 10)]], 16, ["the row 'a'", "the row 'b'"])
+def test_training_names_the_row_whose_image_the_model_cannot_take(tmp_path):
+    (tmp_path / "wide.png").write_bytes(_png(_image(10, 40)))
+    with pytest.raises(DataError, match=r"^the row 'b': input image .*wide.png: 40x10 px is more than 2:1") as err:
+        ii.load_row_images([str(tmp_path / "wide.png")], "the row 'b'", 16)
+    assert err.value.reason == "image_size"
+    assert ii.load_row_images([str(tmp_path / "wide.png")], "the row 'b'")[0].shape == (10, 40, 3)  # no model yet
     with pytest.raises(DataError, match="different numbers of input images"):
         ii.model_input([[_image(16, 16)], []], 16)
+
+def _bomb(w: int, h: int) -> bytes:
+    """A PNG of 57 bytes whose header says ``w`` x ``h``."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+@pytest.fixture
+def fresh_cache():
+    ii._cache.clear()
+    yield
+    ii._cache.clear()
+
+
+def test_one_file_is_one_cache_entry_however_it_is_named(tmp_path, monkeypatch, fresh_cache):
+    # Before: one entry per path string; the same 4096 x 4096 PNG named 24 ways held 1.4 GB.
+    image = _image(256, 256)
+    (tmp_path / "a.png").write_bytes(_png(image))
+    (tmp_path / "link.png").symlink_to(tmp_path / "a.png")
+    os.link(tmp_path / "a.png", tmp_path / "hard.png")
+    monkeypatch.chdir(tmp_path)
+    ii.decode(_png(image), "warm-up")  # Pillow's plugins imported before measuring
+    names = ["a.png", "./a.png", "././a.png", str(tmp_path / "a.png"), "link.png", "hard.png"]
+    tracemalloc.start()
+    try:
+        held = [ii.load_image(name) for name in names]
+        retained = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert all(h is held[0] for h in held) and np.array_equal(held[0], image)
+    assert retained < 2 * image.nbytes  # one copy (before: six)
+
+
+def test_the_cache_holds_at_most_its_bytes(tmp_path, monkeypatch, fresh_cache):
+    image = _image(64, 64)
+    monkeypatch.setattr(ii, "CACHE_BYTES", int(2.5 * image.nbytes))
+    for i in range(5):
+        (tmp_path / f"{i}.png").write_bytes(_png(_image(64, 64, seed=i)))
+        ii.load_image(str(tmp_path / f"{i}.png"))
+        assert ii._cache.nbytes <= ii.CACHE_BYTES
+    assert ii._cache.nbytes == 2 * image.nbytes  # the two last used
+    assert ii.load_image(str(tmp_path / "4.png")) is ii.load_image(str(tmp_path / "4.png"))
+    assert np.array_equal(ii.load_image(str(tmp_path / "0.png")), _image(64, 64, seed=0))  # read again
+
+
+def test_a_file_over_the_size_limit_is_refused_unread(tmp_path):
+    # Before: a 2 GiB sparse file named as an image was read whole (2.1 GB RSS, 5.9 s).
+    path = tmp_path / "huge.png"
+    with path.open("wb") as f:
+        f.truncate(ii.MAX_IMAGE_BYTES + 1)  # sparse: no disk, no bytes to read but zeros
+    start = time.perf_counter()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ii.InputImageError) as err:
+            ii.load_image(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.reason == "image_too_large"
+    assert f"is {ii.MAX_IMAGE_BYTES + 1} bytes, over the limit of {ii.MAX_IMAGE_BYTES}" in str(err.value)
+    assert peak < 2**20 and time.perf_counter() - start < 1
+    url = "data:image/png;base64," + "A" * (ii.MAX_IMAGE_BYTES // 3 * 4 + 8)
+    with pytest.raises(ii.InputImageError, match="over the limit") as err:
+        ii.load_image(url)
+    assert err.value.reason == "image_too_large"
+
+
+def test_the_limits_take_what_the_families_take():
+    from components.models.flux2 import MAX_REFERENCES
+
+    assert ii.MAX_IMAGES_PER_ROW == MAX_REFERENCES  # the most any family takes
+    # an 8-bit RGB PNG at the pixel limit, stored uncompressed, is under the file-size limit
+    assert 3 * ii.MAX_PIXELS + 4096 * 5 < ii.MAX_IMAGE_BYTES
+
+
+def test_check_rows_refuses_what_training_refuses_naming_the_row(tmp_path, fresh_cache):
+    (tmp_path / "ok.png").write_bytes(_png(_image(32, 32)))
+    (tmp_path / "bomb.png").write_bytes(_bomb(30000, 30000))
+    (tmp_path / "cut.png").write_bytes(_png(_image(32, 32))[:-200])
+    (tmp_path / "wide.png").write_bytes(_png(_image(16, 40)))
+    ok = PromptRow("ok", images=(str(tmp_path / "ok.png"),))
+    ii.check_rows([ok, ok], 32)
+    for bad, reason, needle in [
+        ("bomb.png", "image_too_large", "exceeds limit of 178956970 pixels"),
+        ("cut.png", "image_unreadable", "cannot decode image (OSError: image file is truncated"),
+        ("wide.png", "image_size", "40x16 px is more than 2:1"),
+    ]:
+        row = PromptRow("make it red", images=(str(tmp_path / bad),))
+        start = time.perf_counter()
+        with pytest.raises(ii.InputImageError) as err:
+            ii.check_rows([ok, row], 32)
+        assert time.perf_counter() - start < 1
+        assert err.value.reason == reason and needle in str(err.value)
+        with pytest.raises(ii.InputImageError) as trained:  # what training raises as it encodes the row
+            ii.model_input([ii.load_row_images(row.images, ii.describe(row), 32)], 32)
+        assert str(err.value) == str(trained.value)
+    many = PromptRow("make it red", images=(str(tmp_path / "ok.png"),) * 3000)
+    with pytest.raises(ii.InputImageError, match=r"^the row 'make it red' .*: 3000 input images; a model takes at "
+                                                 "most 4") as err:
+        ii.check_rows([ok, many], 32)
+    assert err.value.reason == "too_many_images"
+    with pytest.raises(DataError, match=r"different numbers of input images \(\[0, 1\]\)"):
+        ii.check_rows([ok, PromptRow("text")], 32)

@@ -1,14 +1,21 @@
 """Prompt sources of the `data` section."""
 
+import io
 import json
+import struct
 import time
+import zlib
+from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from pydantic import ValidationError
 
+from components.dataset import prepare as prep
 from components.dataset.config import DataConfig
 from components.dataset.prepare import prepare_dataset
-from components.dataset.prompts import MAX_PROMPT_TOKENS, data_path_note, load_prompts
+from components.dataset.prompts import MAX_PROMPT_TOKENS, data_path_note, load_prompt_rows, load_prompts
 from components.errors import DataError
 
 
@@ -118,7 +125,7 @@ def test_validate_refuses_what_training_refuses_with_the_same_line(tmp_path):
         with pytest.raises(DataError) as trained:
             load_prompts(data)
         with pytest.raises(DataError) as validated:
-            data_path_note(data)
+            data_path_note(data, 64)
         assert str(validated.value) == str(trained.value), what
         assert path in str(trained.value), what
 
@@ -126,10 +133,73 @@ def test_validate_refuses_what_training_refuses_with_the_same_line(tmp_path):
 def test_validate_notes_a_data_path_it_cannot_read_here_without_failing(tmp_path):
     good = tmp_path / "p.txt"
     good.write_text("a cat\n")
-    assert data_path_note(DataConfig(prompts=None, path=str(good))) is None
-    assert data_path_note(DataConfig()) is None  # inline prompts: the schema checked them
-    missing = data_path_note(DataConfig(prompts=None, path="/data/ocr/train.jsonl"))  # as the shipped GPU configs
+    assert data_path_note(DataConfig(prompts=None, path=str(good)), 64) is None
+    assert data_path_note(DataConfig(), 64) is None  # inline prompts: the schema checked them
+    missing = data_path_note(DataConfig(prompts=None, path="/data/ocr/train.jsonl"), 64)  # as the shipped GPU configs
     assert missing.startswith("data.path /data/ocr/train.jsonl does not exist on this machine")
     assert "`flowgrpo train` here would stop on it" in missing
-    remote = data_path_note(DataConfig(prompts=None, path="s3://bucket/data/train.jsonl"))
+    remote = data_path_note(DataConfig(prompts=None, path="s3://bucket/data/train.jsonl"), 64)
     assert remote == "data.path s3://bucket/data/train.jsonl: read when the run starts (needs the S3 credentials)"
+
+
+def _png(seed: int, height: int = 32, width: int = 32) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _bomb() -> bytes:
+    """57 bytes of PNG whose header says 30000 x 30000."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("bad", ["bomb", "truncated", "wide"])
+@pytest.mark.parametrize("prepared", [False, True])
+def test_validate_refuses_the_input_images_training_refuses_with_the_same_line(tmp_path, bad, prepared):
+    # Before: validate said valid for each; training stopped on the image only as it encoded the row.
+    from components.dataset.input_images import describe, load_row_images, model_input
+
+    content = {"bomb": _bomb(), "truncated": _png(1)[:-100], "wide": _png(1, 16, 40)}[bad]
+    (tmp_path / "ok.png").write_bytes(_png(0))
+    (tmp_path / "bad.png").write_bytes(content)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "make it red", "images": "ok.png"}) + "\n"
+                    + json.dumps({"prompt": "make it blue", "images": ["bad.png"]}) + "\n")
+    path = str(rows)
+    if prepared:  # a dataset prepared before the bad image was put in its place
+        (tmp_path / "bad.png").write_bytes(_png(1))
+        path = str(tmp_path / "out")
+        prepare_dataset(str(rows), path, test_fraction=0)
+        name = next(r for r in load_prompt_rows(DataConfig(prompts=None, path=path)) if r.prompt == "make it blue")
+        Path(name.images[0]).write_bytes(content)
+    data = DataConfig(prompts=None, path=path)
+    start = time.perf_counter()
+    with pytest.raises(DataError) as validated:
+        data_path_note(data, 32)
+    assert time.perf_counter() - start < 2
+    row = next(r for r in load_prompt_rows(data) if r.prompt == "make it blue")
+    with pytest.raises(DataError) as trained:  # what training raises as it encodes the row (prompt_cache)
+        model_input([load_row_images(row.images, describe(row), 32)], 32)
+    assert str(validated.value) == str(trained.value)
+    assert str(validated.value).startswith("the row 'make it blue' (input image ")
+
+
+def test_validate_refuses_more_input_images_than_a_model_takes(tmp_path):
+    (tmp_path / "ok.png").write_bytes(_png(0))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "make it red", "images": ["ok.png"] * 5}) + "\n")
+    with pytest.raises(DataError, match=r"rows\.jsonl:1: more than 4 input images \(5 input images; a model takes "
+                                        r"at most 4"):
+        data_path_note(DataConfig(prompts=None, path=str(rows)), 32)
+
+
+def test_a_line_over_the_limit_is_refused_unread(tmp_path):
+    # Before: a 300 MB single-line JSONL took validate to 2.4 GB RSS and 14 s.
+    path = tmp_path / "p.jsonl"
+    with path.open("w") as f:
+        f.write('{"prompt": "a cat"}\n{"prompt": "a dog", "x": "' + "0" * prep.MAX_LINE_BYTES + '"}\n')
+    with pytest.raises(DataError, match=rf"p\.jsonl:2: a line longer than {prep.MAX_LINE_BYTES} bytes"):
+        load_prompts(DataConfig(prompts=None, path=str(path)))
