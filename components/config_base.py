@@ -88,15 +88,19 @@ class Section(BaseModel):
         return cls.model_fields[key].get_default(call_default_factory=True)
 
 
-def validation_problems(exc: ValidationError, prefix: str = "") -> str:
-    """``key.path: problem; ...``, each path under ``prefix`` (``rewards.0.args``) when given."""
+def validation_problems(exc: ValidationError, prefix: str = "", quote: bool = True) -> str:
+    """``key.path: problem; ...``, each path under ``prefix`` (``rewards.0.args``) when given. Without ``quote``
+    neither a refused value nor an unknown key's name is shown (a config that may hold a secret, ``hides_text``)."""
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        where = (prefix, *err["loc"]) if quote or err["type"] != "extra_forbidden" else (prefix, *err["loc"][:-1])
+        loc = ".".join(str(p) for p in where if p != "")
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; the example configs spell every key)"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
+            msg = "unknown key (check the spelling; the example configs spell every key)" if quote else (
+                "an unknown key (its name is not shown)")
+        elif quote and "input" in err and err["type"] not in ("missing",) \
+                and not isinstance(err["input"], dict | list):
             msg = f"{msg} (got {err['input']!r})"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
@@ -107,7 +111,25 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     (a file, ``env:NAME``, a phrase such as "from the pipeline's config parameter")."""
     # A source that starts with the word itself (config.yaml) must not read "invalid config config.yaml".
     lead = "invalid" if re.match(r"config\b", source) else "invalid config"
-    return f"{lead} {source}: {validation_problems(exc)}"
+    return f"{lead} {source}: {validation_problems(exc, quote=not hides_text(source))}"
+
+
+def chained(exc: BaseException, source: str) -> BaseException | None:
+    """What an error about the config from ``source`` is raised from (``raise ... from chained(exc, source)``):
+    ``exc``, or nothing where ``source`` hides its text: PyYAML's and pydantic's own messages quote the text, and a
+    traceback would print them."""
+    return None if hides_text(source) else exc
+
+
+ENV_SOURCE = "env:"
+HIDDEN_TEXT = "its text is not shown: an environment variable may hold a secret"
+
+
+def hides_text(source: str) -> bool:
+    """Whether errors about the config read from ``source`` leave out every part of its text (the offending line, a
+    quoted token, a refused value): ``env:NAME`` reads a variable, which may be a secret
+    (``--config env:AWS_SECRET_ACCESS_KEY``)."""
+    return source.startswith(ENV_SOURCE)
 
 
 # Anchors and aliases may stand for at most this many YAML nodes (scalars, lists, mappings) in all: reuse of a section
@@ -121,10 +143,28 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Refused(yaml.MarkedYAMLError):
-    """A document the loader refuses although it is well-formed YAML (a budget, a duplicate key)."""
+    """A document the loader refuses although it is well-formed YAML (a budget, a duplicate key, a value its type
+    cannot hold). ``plain`` says the same without any of the document's text (``hides_text``)."""
 
-    def __init__(self, problem: str, mark: yaml.Mark) -> None:
+    def __init__(self, problem: str, mark: yaml.Mark, plain: str | None = None) -> None:
         super().__init__(problem=problem, problem_mark=mark)
+        self.plain = problem if plain is None else plain
+
+
+def _key_path(root: yaml.Node, target: yaml.Node) -> list[str] | None:
+    """The keys and list indices from ``root`` down to ``target``; None when it is not under ``root``."""
+    if root is target:
+        return []
+    if isinstance(root, yaml.MappingNode):
+        children = [(key.value if isinstance(key, yaml.ScalarNode) else "?", value) for key, value in root.value]
+    elif isinstance(root, yaml.SequenceNode):
+        children = [(str(i), item) for i, item in enumerate(root.value)]
+    else:
+        return None
+    for label, child in children:
+        if (below := _key_path(child, target)) is not None:
+            return [label, *below]
+    return None
 
 
 class ConfigLoader(yaml.SafeLoader):
@@ -139,6 +179,7 @@ class ConfigLoader(yaml.SafeLoader):
         self._sizes: dict[int, int] = {}  # id(node) -> the nodes it stands for, its aliases expanded
         self._aliased = 0  # nodes the aliases composed so far stand for
         self._depth = 0
+        self._root: yaml.Node | None = None
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         event = self.peek_event()
@@ -147,11 +188,12 @@ class ConfigLoader(yaml.SafeLoader):
             size = self._sizes.get(id(node))
             if size is None:  # its anchor's node is still being composed: it would contain itself
                 raise _Refused(f"alias *{event.anchor} refers to a node that contains it (a recursive structure)",
-                               event.start_mark)
+                               event.start_mark, "an alias refers to a node that contains it (a recursive structure)")
             self._aliased += size
             if self._aliased > MAX_ALIAS_NODES:
                 raise _Refused(f"alias *{event.anchor} expands the document's aliases past {MAX_ALIAS_NODES:,} "
-                               "nodes (a YAML bomb?); write the values out or reuse smaller parts", event.start_mark)
+                               "nodes (a YAML bomb?); write the values out or reuse smaller parts", event.start_mark,
+                               f"aliases expand past {MAX_ALIAS_NODES:,} nodes")
             return node
         self._depth += 1
         if self._depth > MAX_DEPTH:
@@ -171,8 +213,23 @@ class ConfigLoader(yaml.SafeLoader):
                 continue
             if (seen := first.setdefault((key.tag, key.value), key)) is not key:
                 raise _Refused(f"duplicate key {key.value!r} (lines {seen.start_mark.line + 1} and "
-                               f"{key.start_mark.line + 1}); YAML would keep only the last", key.start_mark)
+                               f"{key.start_mark.line + 1}); YAML would keep only the last", key.start_mark,
+                               f"a key given twice (lines {seen.start_mark.line + 1} and {key.start_mark.line + 1})")
         return node
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._root = node
+        return super().construct_document(node)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as exc:  # a scalar its type cannot hold: an int of 5,000 digits, the date 2024-13-45
+            kind = node.tag.rpartition(":")[2]
+            path = ".".join(_key_path(self._root, node) or []) if self._root is not None else ""
+            reason = str(exc).split(";")[0]  # Python's int limit goes on to suggest a call to sys
+            raise _Refused(f"{path + ': ' if path else ''}not a valid {kind} ({reason})", node.start_mark,
+                           f"not a valid {kind}") from None
 
 
 ConfigLoader.add_implicit_resolver(
@@ -182,27 +239,37 @@ ConfigLoader.add_implicit_resolver(
 )
 
 
+def _described(exc: yaml.YAMLError, text: str, source: str) -> tuple[str, str, str]:
+    """Where in ``text`` PyYAML's ``exc`` is, what it is, and what it is without quoting any of the text."""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character no YAML may hold, found before parsing
+        line, column = text.count("\n", 0, exc.position) + 1, exc.position - text.rfind("\n", 0, exc.position)
+        return (f"{source}:{line}:{column}", f"character #x{exc.character:04x} is not allowed in YAML (a control or "
+                "other special character)", "a character YAML does not allow")
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        if isinstance(exc, _Refused):
+            return where, exc.problem, exc.plain
+        return where, f"YAML syntax error: {exc.problem or exc.context}", "not valid YAML"
+    return source, f"YAML error: {str(exc).splitlines()[0]}", "not valid YAML"
+
+
 def load_yaml(text: str, source: str) -> Any:
-    """``text`` parsed by ``ConfigLoader``; a ConfigError of one line naming ``source`` and the line otherwise.
-    A text longer than ``MAX_CONFIG_CHARS`` is refused unparsed."""
+    """``text`` parsed by ``ConfigLoader``; a ConfigError of one line naming ``source`` and the line otherwise (and
+    none of the text when ``hides_text(source)``). A text longer than ``MAX_CONFIG_CHARS`` is refused unparsed."""
     if len(text) > MAX_CONFIG_CHARS:
         raise ConfigError(f"{source}: longer than {MAX_CONFIG_CHARS:,} characters, the most a config may hold "
                           "(many prompts belong in a data.path file)")
-    loader = ConfigLoader(text)
     try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        kind = "" if isinstance(exc, _Refused) else "YAML syntax error: "
-        raise ConfigError(f"{where}: {kind}{exc.problem or exc.context}") from exc
+        loader = ConfigLoader(text)  # PyYAML's reader checks every character here, before parsing
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: YAML error: {str(exc).splitlines()[0]}") from exc
-    finally:
-        loader.dispose()
-
-
-ENV_SOURCE = "env:"
+        where, problem, plain = _described(exc, text, source)
+        message = f"{where}: {plain} ({HIDDEN_TEXT})" if hides_text(source) else f"{where}: {problem}"
+        raise ConfigError(message) from chained(exc, source)
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -24,22 +25,68 @@ T = TypeVar("T")
 Kind = Literal["read", "set", "secret"]
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError("not a number (seconds, e.g. 30 or 2.5)") from None
+# The longest wait a timeout variable may ask for: a day is no timeout any more, and Python's waits refuse past ~9e9 s.
+MAX_WAIT_S = 86_400
 
 
-def _whole_number(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError("not a whole number") from None
+@dataclass(frozen=True)
+class Seconds:
+    """Parses a wait: a finite number of seconds, more than 0 and at most ``MAX_WAIT_S`` (0 or less would give up
+    at once or never, NaN passes every comparison, inf overflows the waits)."""
+
+    rule = f"a number of seconds more than 0 and at most {MAX_WAIT_S:,} (e.g. 30 or 2.5)"
+
+    def __call__(self, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= MAX_WAIT_S:  # False for NaN too
+            raise ValueError(f"not {self.rule}")
+        return value
 
 
-def _path(text: str) -> Path:
-    return Path(text).expanduser()
+@dataclass(frozen=True)
+class Count:
+    """Parses a whole number from ``least`` to ``most``."""
+
+    least: int
+    most: int
+
+    @property
+    def rule(self) -> str:
+        return f"a whole number from {self.least} to {self.most}"
+
+    def __call__(self, text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or not self.least <= value <= self.most:
+            raise ValueError(f"not {self.rule}")
+        return value
+
+
+@dataclass(frozen=True)
+class Directory:
+    """Parses a folder this process may use (``~`` expanded): a directory it can write, or a path it can create
+    one at, whose first existing part is such a directory (not ``/dev/null``, not a file, not read-only)."""
+
+    rule = "a directory this process can write, or a path it can create one at"
+
+    def __call__(self, text: str) -> Path:
+        path = Path(text).expanduser()
+        for existing in (path, *path.parents):
+            try:
+                if existing.exists():
+                    break
+            except OSError as exc:  # a folder on the way this process may not look into
+                raise ValueError(f"{existing}: {exc.strerror} ({self.rule})") from None
+        if not existing.is_dir():
+            raise ValueError(f"{existing} is not a directory ({self.rule})")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(f"{existing} is not writable by this process ({self.rule})")
+        return path
 
 
 @dataclass(frozen=True)
@@ -89,7 +136,7 @@ def _text(name: str, kind: Kind, meaning: str, default: str | None = None, **fla
 
 
 def _seconds(name: str, meaning: str, default: float) -> Variable[float]:
-    return Variable(name, "read", meaning, _number, str(default))
+    return Variable(name, "read", meaning, Seconds(), str(default))
 
 
 # --- set by every entry point -------------------------------------------------------------------------------------
@@ -99,7 +146,7 @@ HF_HUB_OFFLINE = _text("HF_HUB_OFFLINE", "set", "Hugging Face libraries never re
 
 # --- the product's own ----------------------------------------------------------------------------------------------
 FLOWGRPO_CACHE_DIR = Variable("FLOWGRPO_CACHE_DIR", "read", "this machine's (pod's) folder for copies from s3:// "
-                              "(base models, datasets) and runs staged before upload", _path, "~/.cache/flowgrpo",
+                              "(base models, datasets) and runs staged before upload", Directory(), "~/.cache/flowgrpo",
                               to_workers=True)
 FLOWGRPO_EXPERIMENT_CONFIG = _text("FLOWGRPO_EXPERIMENT_CONFIG", "read", "a RayJob's experiment YAML, read by its "
                                    "entrypoint's `--config env:FLOWGRPO_EXPERIMENT_CONFIG`")
@@ -136,8 +183,9 @@ AWS_SESSION_TOKEN = _text("AWS_SESSION_TOKEN", "secret", "a temporary S3 credent
 AWS_REGION = _text("AWS_REGION", "read", "the S3 region")
 AWS_DEFAULT_REGION = _text("AWS_DEFAULT_REGION", "read", "the S3 region where AWS_REGION is unset")
 AWS_PROFILE = _text("AWS_PROFILE", "read", "the profile of the AWS config files to take credentials from")
-AWS_MAX_ATTEMPTS = Variable("AWS_MAX_ATTEMPTS", "read", "tries of one S3 request (boto3's standard retry mode)",
-                            _whole_number, "4")
+# At most 20: boto3's standard mode waits up to 20 s between tries, so 20 tries may hold one request 7 minutes.
+AWS_MAX_ATTEMPTS = Variable("AWS_MAX_ATTEMPTS", "read", "tries of one S3 request, the first included (boto3's "
+                            "standard retry mode)", Count(1, 20), "4")
 AWS_CONFIG_FILE = _text("AWS_CONFIG_FILE", "set", "the AWS config file (profiles): none (the null device) for what "
                         "`flowgrpo run --local` and `ui` point at their own S3, which no profile of yours may change")
 AWS_SHARED_CREDENTIALS_FILE = _text("AWS_SHARED_CREDENTIALS_FILE", "set", "the AWS credentials file: none for what "
@@ -218,6 +266,21 @@ def apply_settings() -> None:
         os.environ.setdefault(name, value)
 
 
+def check_settings() -> None:
+    """Called by every entry point before it reads or writes anything: each declared variable that is set parsed
+    now, so a value out of range stops it in one line naming the variable (a ConfigError; each bad one, joined),
+    not minutes later where it is first read (an S3 timeout at the first download, MLflow's flush after training)."""
+    problems = []
+    for variable in VARIABLES:
+        try:
+            if variable.raw() is not None:
+                variable.get()
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def worker_settings() -> dict[str, str]:
     """What Ray Train's workers get of this process's environment (none of it secret), entry settings included."""
     return entry_settings() | {v.name: text for v in VARIABLES if v.to_workers and (text := v.raw())}
@@ -295,7 +358,8 @@ def markdown() -> str:
         return text.replace("|", "\\|")
 
     rows = [f"| `{v.name}` | {v.kind} | {'' if v.default is None else f'`{v.default}`'} | "
-            f"{cell(v.meaning)}{'; set by every entry point when unset' if v.entry else ''} |" for v in VARIABLES]
+            f"{cell(v.meaning)}{'; set by every entry point when unset' if v.entry else ''}"
+            f"{f'. Accepts {rule}' if (rule := getattr(v.parse, 'rule', None)) else ''} |" for v in VARIABLES]
     return "\n".join([
         "# Environment variables",
         "",
@@ -304,7 +368,10 @@ def markdown() -> str:
         "",
         "Kind: *read*, the product reads it; *set*, the product sets it for a library it calls, a process it starts",
         "or a pod it describes; *secret*, read and never shown (named here, never given a value). Default: the",
-        "value used (or set) when the variable is unset or empty.",
+        "value used (or set) when the variable is unset or empty. A variable whose meaning ends in \"Accepts ...\" is",
+        "checked at the start of every entry point (the `flowgrpo` commands, the reward server, a RayJob's trainer,",
+        "each pipeline step) before it reads or writes anything: a value outside that range stops it in one line",
+        "naming the variable.",
         "",
         "| Variable | Kind | Default | Meaning |",
         "|---|---|---|---|",

@@ -161,7 +161,9 @@ def _client_for(env: tuple[str | None, ...]) -> Any:
 
     config = Config(
         s3={"addressing_style": "path"},  # SeaweedFS / MinIO have no virtual-host buckets
-        retries={"mode": "standard", "max_attempts": environ.AWS_MAX_ATTEMPTS.value()},
+        # total_max_attempts counts the first try, as AWS_MAX_ATTEMPTS does for every AWS tool (max_attempts would
+        # count retries only: one try more than the variable says)
+        retries={"mode": "standard", "total_max_attempts": environ.AWS_MAX_ATTEMPTS.value()},
         connect_timeout=environ.FLOWGRPO_S3_CONNECT_TIMEOUT_S.value(),
         read_timeout=environ.FLOWGRPO_S3_READ_TIMEOUT_S.value(),
     )

@@ -422,7 +422,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> 
 def main(argv: list[str] | None = None) -> int:
     environ.apply_settings()
     args = parse_arguments(build_parser(), argv)
-    return exit_status(f"flowgrpo {args.command}", lambda: args.func(args))
+
+    def command() -> int:
+        environ.check_settings()  # before the command reads or writes anything
+        return args.func(args)
+
+    return exit_status(f"flowgrpo {args.command}", command)
 
 
 if __name__ == "__main__":

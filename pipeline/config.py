@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import ENV_SOURCE, format_validation_error, load_yaml, read_yaml_mapping
+from components.config_base import ENV_SOURCE, chained, format_validation_error, load_yaml, read_yaml_mapping
 from components.dataset.config import PrepareConfig
 from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
@@ -92,6 +92,8 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like key.sub=value")
+    if not key.isprintable():  # a control character would reach the terminal in an error naming the key
+        raise ConfigError(f"override {key!r}: a key holds no control characters")
     return key.strip().split("."), load_yaml(raw, f"override {key.strip()}") if raw.strip() else None
 
 
@@ -202,7 +204,7 @@ def _validated(data: dict[str, Any], overrides: list[str] | None, source: str) -
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from exc
+        raise ConfigError(format_validation_error(exc, source)) from chained(exc, source)
 
 
 def dump_config(config: ExperimentConfig) -> str:

@@ -38,9 +38,8 @@ def _component(image: str):
 def prepare_dataset(config: str, overrides: list, storage_root: str, dataset: Output[Dataset]):
     """Validate and split the prompts into object storage (content-addressed: same inputs, same dataset)."""
     from pipeline import steps
-    from pipeline.config import config_from_parameter
 
-    ref = steps.prepare(config_from_parameter(config, overrides), storage_root)
+    ref = steps.prepare(steps.step_config(config, overrides), storage_root)
     dataset.uri = ref.uri
     dataset.metadata.update({"rows_train": ref.manifest["rows"]["train"], "rows_test": ref.manifest["rows"]["test"],
                              "rows_rejected": ref.manifest["rows"]["rejected"],
@@ -52,9 +51,8 @@ def deploy_reward_server(config: str, overrides: list, run_id: str, launcher: st
     """Start the run's reward server and wait until it is ready; returns its URL."""
     from components.launch import launcher_for
     from pipeline import steps
-    from pipeline.config import config_from_parameter
 
-    return steps.deploy_reward_server(config_from_parameter(config, overrides), run_id, launcher_for(launcher))
+    return steps.deploy_reward_server(steps.step_config(config, overrides), run_id, launcher_for(launcher))
 
 
 @_component(COMPONENTS_IMAGE)
@@ -64,9 +62,8 @@ def train(config: str, overrides: list, storage_root: str, run_id: str, run_name
     from components.launch import launcher_for
     from components.tracking.pipeline_runs import parent_run
     from pipeline import steps
-    from pipeline.config import config_from_parameter
 
-    experiment = config_from_parameter(config, overrides)
+    experiment = steps.step_config(config, overrides)
     parent = parent_run(experiment.tracking.experiment, run_id, run_name)
     result = steps.train(steps.training_config(experiment, dataset.uri, reward_url),
                          steps.run_output(storage_root, run_id), run_id=run_id, parent_run_id=parent,
@@ -91,9 +88,8 @@ def evaluate(config: str, overrides: list, run_id: str, run_name: str, dataset: 
     from components import storage
     from components.tracking.pipeline_runs import parent_run
     from pipeline import steps
-    from pipeline.config import config_from_parameter
 
-    experiment = config_from_parameter(config, overrides)
+    experiment = steps.step_config(config, overrides)
     parent = parent_run(experiment.tracking.experiment, run_id, run_name)
     out = Path(tempfile.mkdtemp(prefix="flowgrpo-eval-"))
     result = steps.evaluate(steps.evaluation_config(experiment, dataset.uri), model.uri, out,
@@ -115,9 +111,8 @@ def evaluate(config: str, overrides: list, run_id: str, run_name: str, dataset: 
 def register(config: str, overrides: list, model: Input[Model], promoted: bool, reason: str) -> str:
     """Register the LoRA in the MLflow Model Registry and apply the gate (alias when promoted)."""
     from pipeline import steps
-    from pipeline.config import config_from_parameter
 
-    return steps.register(config_from_parameter(config, overrides), model.uri,
+    return steps.register(steps.step_config(config, overrides), model.uri,
                           model.metadata.get("mlflow_run_id") or None, promoted=promoted, reason=reason) or ""
 
 
@@ -127,9 +122,8 @@ def teardown(config: str, overrides: list, run_id: str, launcher: str, status: d
     from components.launch import launcher_for
     from components.tracking.pipeline_runs import finish_parent_run
     from pipeline import steps
-    from pipeline.config import config_from_parameter
 
-    experiment = config_from_parameter(config, overrides)
+    experiment = steps.step_config(config, overrides)
     try:
         steps.teardown_reward_server(experiment, run_id, launcher_for(launcher))
     finally:

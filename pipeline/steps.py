@@ -15,13 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from components import storage
+from components import environ, storage
 from components.console import status_line
 from components.errors import DataError
 from components.launch import Launcher
-from pipeline.config import ExperimentConfig
+from pipeline.config import ExperimentConfig, config_from_parameter
 
 Log = Callable[[str], None]
+
+
+def step_config(config: str, overrides: list[str]) -> ExperimentConfig:
+    """What every pipeline step starts with: the environment's settings checked (a value out of range stops the step
+    before it reads or writes anything), then the experiment config from the pipeline's parameters."""
+    environ.check_settings()
+    return config_from_parameter(config, overrides)
 
 
 def run_output(storage_root: str, run_id: str) -> str:

@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from components.reward_server.batching import Batcher
 from components.reward_server.gate import GatedRoute, RequestGate
 from components.reward_server.settings import ServerSettings
-from components.rewards.base import BatchedReward, Inputs, RewardOutput
+from components.rewards.base import BatchedReward, Inputs, RewardOutput, SampleProblem
 from components.rewards.codec import (
     ImageDecodeError,
     ImageTooLargeError,
@@ -279,7 +279,9 @@ async def score(request: ScoreRequest, service: Service) -> ScoreResponse:
 
 @scoring.post(COMPUTE_PATH, summary="Flow-Factory remote reward: the weighted sum of every served reward",
               responses={408: {"description": "body too slow"}, 413: {"description": "over a limit"},
-                         422: {"description": "invalid request"}, 500: {"description": "a reward failed"},
+                         422: {"description": "invalid request, or a sample a reward cannot score for what it came "
+                                                "with (the field named)"},
+                         500: {"description": "a reward failed"},
                          503: {"description": "not ready, or request bodies at their bound"}})
 async def compute(request: ComputeRequest, service: Service) -> dict[str, Any]:
     rewards = service.ready()
@@ -302,11 +304,26 @@ async def compute(request: ComputeRequest, service: Service) -> dict[str, Any]:
     # one mapping for every sample (rewards only read metadata): a copy each would cost images x its size
     metadata = [request.kwargs or request.extra or {}] * len(prompts)
     outputs = await service.score(list(rewards.weights), images, prompts, metadata, [0] * len(prompts), inputs)
-    for key, out in outputs.items():
-        if out.failed:
-            i = next(j for j, e in enumerate(out.errors) if e is not None)
-            return JSONResponse({"error": f"reward {key!r} failed on sample {i}: {out.errors[i]}"}, 500)
+    failures = [(key, i, error) for key, out in outputs.items() for i, error in enumerate(out.errors) if error]
+    if mistakes := [(key, i, error) for key, i, error in failures if isinstance(error, SampleProblem)]:
+        key, i, error = mistakes[0]
+        return JSONResponse({"error": f"{_compute_field(request, error.field, i)}: {error.problem} (reward {key!r}, "
+                                      f"sample {i})"}, 422)
+    if failures:
+        key, i, error = failures[0]
+        return JSONResponse({"error": f"reward {key!r} failed on sample {i}: {error}"}, 500)
     return {"rewards": [float(s) for s in combine(outputs, rewards.weights)]}
+
+
+def _compute_field(request: ComputeRequest, field: str, i: int) -> str:
+    """A sample's ``field`` (``SampleError``) as ``/compute``'s body names it: every sample's metadata is its
+    ``kwargs`` (or ``extra``), its input images ``condition_images[i]``."""
+    root, _, rest = field.partition(".")
+    if root == "metadata":
+        return f"{'extra' if request.kwargs is None and request.extra else 'kwargs'}.{rest}"
+    if root == "inputs":
+        return "condition_images" if request.condition_images is None else f"condition_images[{i}]"
+    return f"{root if getattr(request, root) is not None else root + 's'}[{i}]"  # prompt / image, either spelling
 
 
 def create_app(settings: ServerSettings) -> FastAPI:

@@ -54,4 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     environ.apply_settings()
     args = build_parser().parse_args(argv)
-    return exit_status("reward-server", lambda: serve(args))
+
+    def run() -> int:
+        environ.check_settings()  # before the settings are read or a port bound (`flowgrpo reward-server`: the CLI's)
+        return serve(args)
+
+    return exit_status("reward-server", run)

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from components.config_base import Section, check_strings, format_validation_error, read_yaml_mapping
+from components.config_base import Section, chained, check_strings, format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
 from components.rewards.config import RewardSpec, check_unique_keys
 
@@ -138,4 +138,5 @@ def load_settings(config: Path | None, reward_names: str | None) -> ServerSettin
             return ServerSettings(rewards=[RewardSpec(name=n) for n in names])
         return ServerSettings.model_validate(read_yaml_mapping(config))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, str(config or "--rewards"))) from exc
+        source = str(config or "--rewards")
+        raise ConfigError(format_validation_error(exc, source)) from chained(exc, source)

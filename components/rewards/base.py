@@ -13,6 +13,8 @@ A reward with ``inputs = True`` also gets each sample's input images (editing, i
 ``reward(images, prompts, metadata, inputs=...)``, ``inputs`` a list (one per sample) of lists of uint8 (H, W, 3)
 arrays at their stored size; a pointwise one implements ``score(image, prompt, metadata, inputs)``, a batched one
 ``score_batch(images, prompts, metadata, inputs)``. A sample without input images has an empty list.
+A reward that cannot score a sample for what came with it (its metadata, prompt, image or input images) raises
+``SampleError`` naming the field: the caller's mistake, kept apart from the reward's own failures (``SampleProblem``).
 """
 
 from __future__ import annotations
@@ -57,8 +59,34 @@ class RewardOutput:
         return cls(scores=scores, errors=errors, extra=extra or {})
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+class SampleError(ValueError):
+    """What one sample came with that a reward cannot score: ``field`` is ``metadata.<key>``, ``prompt``, ``image``
+    or ``inputs``. The caller's mistake, not a failure of the reward: the reward server answers it 4xx naming the
+    field where it answers a reward's failure 500 (Flow-Factory's ``/compute``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class SampleProblem(str):
+    """A ``SampleError``'s failure message. ``RewardOutput.errors`` carries it as any other message (a str: copied,
+    sliced and concatenated with the rest); its ``field`` and ``problem`` tell the reward server it was the
+    caller's mistake."""
+
+    field: str
+    problem: str
+
+    def __new__(cls, exc: SampleError) -> SampleProblem:
+        message = super().__new__(cls, f"{type(exc).__name__}: {exc}")
+        message.field, message.problem = exc.field, exc.problem
+        return message
+
+
+def describe(exc: BaseException) -> str:
+    """A failure's message in ``RewardOutput.errors``; a ``SampleProblem`` for a ``SampleError``."""
+    return SampleProblem(exc) if isinstance(exc, SampleError) else f"{type(exc).__name__}: {exc}"
 
 
 class Reward(ABC):
@@ -79,7 +107,8 @@ class Reward(ABC):
 
     def _inputs_of(self, inputs: Inputs | None, n: int) -> Inputs:
         if self.inputs and inputs is None:
-            raise ValueError(f"reward {self.name!r} scores edits against their input images, but none were given")
+            raise SampleError("inputs", f"reward {self.name!r} scores edits against their input images, but none "
+                                        "were given")
         return inputs if inputs is not None else [[] for _ in range(n)]
 
 
@@ -100,7 +129,7 @@ class PointwiseReward(Reward):
                 values[i] = float(self.score(image, prompt, meta, given[i]) if self.inputs else
                                   self.score(image, prompt, meta))
             except Exception as exc:  # a reward failure is data, recorded per sample
-                errors[i] = _describe(exc)
+                errors[i] = describe(exc)
         out = RewardOutput.from_scores(values)
         out.errors = [e or o for e, o in zip(errors, out.errors, strict=True)]
         return out
@@ -132,7 +161,7 @@ class BatchedReward(Reward):
             try:
                 values[i] = float(self._batch(images[i:i + 1], prompts[i:i + 1], metadata[i:i + 1], given[i:i + 1])[0])
             except Exception as exc:
-                errors[i] = _describe(exc)
+                errors[i] = describe(exc)
         out = RewardOutput.from_scores(values)
         out.errors = [e or o for e, o in zip(errors, out.errors, strict=True)]
         return out

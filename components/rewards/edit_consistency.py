@@ -11,13 +11,28 @@ an image redrawn from scratch could satisfy.
 
 from __future__ import annotations
 
+import math
+from numbers import Real
 from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image
 
 from components.rewards.arguments import EditConsistencyArgs
-from components.rewards.base import PointwiseReward
+from components.rewards.base import PointwiseReward, SampleError
+
+
+def edit_box(value: Any) -> list[float] | None:
+    """``metadata.edit_box`` checked: None, or [top, left, bottom, right) as four finite numbers with top < bottom
+    and left < right; a SampleError naming the field otherwise (a sample's metadata comes from its caller)."""
+    if value is None:
+        return None
+    numbers = isinstance(value, list | tuple) and len(value) == 4 and all(
+        isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if not numbers or not (value[0] < value[2] and value[1] < value[3]):
+        raise SampleError("metadata.edit_box", f"must be [top, left, bottom, right] in the input's pixels, four "
+                                               f"finite numbers with top < bottom and left < right; got {value!r:.80}")
+    return [float(v) for v in value]
 
 
 def _as_result(source: np.ndarray, side: int, box: list[float] | None) -> tuple[np.ndarray, list[float] | None]:
@@ -37,17 +52,19 @@ def _as_result(source: np.ndarray, side: int, box: list[float] | None) -> tuple[
 def consistency(result: np.ndarray, source: np.ndarray, box: list[float] | None = None, margin: float = 0.0) -> float:
     """1 - mean |result - source| / 255 over the pixels outside ``box`` (widened by ``margin`` x the side)."""
     if result.ndim != 3 or result.shape[0] != result.shape[1] or result.shape[-1] != 3:
-        raise ValueError(f"expected a square RGB result (S, S, 3), got shape {result.shape}")
-    side = result.shape[0]
+        raise SampleError("image", f"expected a square RGB result (S, S, 3), got shape {result.shape}")
+    side, given = result.shape[0], box
     source, box = _as_result(source, side, box)
     keep = np.ones((side, side), dtype=bool)
     if box is not None:
         pad = margin * side
-        top, left = (max(0, int(np.floor(v - pad))) for v in box[:2])
-        bottom, right = (min(side, int(np.ceil(v + pad))) for v in box[2:])
+        # clipped to the image before rounding: a box far past it (1e308 x a scale) must not overflow int()
+        top, left = (math.floor(min(max(v - pad, 0), side)) for v in box[:2])
+        bottom, right = (math.ceil(min(max(v + pad, 0), side)) for v in box[2:])
         keep[top:bottom, left:right] = False
     if not keep.any():
-        raise ValueError(f"metadata.edit_box {box} (margin {margin}) covers the whole image: nothing is left to keep")
+        raise SampleError("metadata.edit_box", f"{given} (margin {margin}) covers the whole image: nothing is left to "
+                                               "compare")
     diff = np.abs(result.astype(np.float64) - source.astype(np.float64)).mean(-1) / 255.0
     return float(1.0 - diff[keep].mean())
 
@@ -62,6 +79,6 @@ class EditConsistency(PointwiseReward):
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any], inputs: list[np.ndarray]) -> float:
         if not inputs:
-            raise ValueError("edit_consistency compares the result with its input image, and this sample has none "
-                             "(rows need `images`)")
-        return consistency(image, inputs[0], metadata.get("edit_box"), self.margin)
+            raise SampleError("inputs", "edit_consistency compares the result with its input image, and this sample "
+                                        "has none (rows need `images`)")
+        return consistency(image, inputs[0], edit_box(metadata.get("edit_box")), self.margin)

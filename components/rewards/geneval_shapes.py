@@ -28,8 +28,8 @@ import numpy as np
 from scipy import ndimage
 
 from components.rewards.arguments import GenEvalShapesArgs
-from components.rewards.base import PointwiseReward
-from components.rewards.shape_scenes import BACKGROUND, COLOURS, SHAPES, parse_prompt
+from components.rewards.base import PointwiseReward, SampleError
+from components.rewards.shape_scenes import BACKGROUND, COLOURS, SHAPES, PromptParseError, parse_prompt
 
 _WHITE = np.array(BACKGROUND, dtype=np.float64)
 _TOWARDS = np.array(list(COLOURS.values()), dtype=np.float64) - _WHITE  # white -> each colour
@@ -140,7 +140,11 @@ class GenEvalShapes(PointwiseReward):
         self.min_area_fraction = args.min_area_fraction
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
-        wanted = Counter({(g.colour, g.shape): g.count for g in parse_prompt(prompt)})
+        try:
+            groups = parse_prompt(prompt)
+        except PromptParseError as exc:
+            raise SampleError("prompt", str(exc)) from None
+        wanted = Counter({(g.colour, g.shape): g.count for g in groups})
         found = Counter((o.colour, o.shape) for o in detect_objects(image, self.min_area_fraction))
         partial, strict = object_scores(wanted, found)
         return partial if self.mode == "partial" else strict

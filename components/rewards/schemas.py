@@ -30,6 +30,11 @@ input images as well (`reward(images, prompts, metadata, inputs=...)`, one list 
 sample; a pointwise reward's `score(image, prompt, metadata, inputs)`, a batched one's `score_batch(images,
 prompts, metadata, inputs)`), in the trainer, the evaluation and on the reward server alike
 (docs/REWARD_SERVER.md). A reward that does not ask is called as before.
+
+A reward that cannot score a sample for what came with it (a metadata field it reads, the prompt, the image, the
+input images) raises `components.rewards.base.SampleError(field, problem)`, `field` being `metadata.<key>`,
+`prompt`, `image` or `inputs`: the sample fails as with any error, and the reward server answers Flow-Factory's
+`/compute` 422 naming the field (the client's mistake) where a reward's own failure is a 500.
 """
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.errors import RewardError
-from components.rewards.base import Inputs, Reward, RewardOutput
+from components.rewards.base import Inputs, Reward, RewardOutput, describe
 from components.rewards.config import FrameAggregation, RewardSpec
 from components.rewards.registry import RewardCache
 
@@ -63,7 +63,7 @@ def call_reward(reward: Reward, images: np.ndarray, prompts: list[str], metadata
         _check_length(out, n)
         return out
     except Exception as exc:  # recorded as a failure of every sample of the batch
-        return RewardOutput.all_failed(n, f"{type(exc).__name__}: {exc}")
+        return RewardOutput.all_failed(n, describe(exc))
 
 
 def score_frames(reward: Reward, videos: np.ndarray, prompts: list[str], metadata: list[dict[str, Any]],

@@ -17,8 +17,10 @@ the demo models' character-level tokenizers, whose letters every encoder already
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -179,7 +181,25 @@ def scene_json(scene: Scene) -> list[dict[str, Any]]:
     return [asdict(o) for o in scene]
 
 
-def scene_from_json(objects: list[dict[str, Any]]) -> Scene:
+class SceneError(ValueError):
+    """A scene that is not one ``scene_json`` writes."""
+
+
+def scene_from_json(objects: Any) -> Scene:
+    """The scene ``scene_json`` wrote; ``SceneError`` naming what is wrong with anything else (a row's metadata, a
+    reward server's client)."""
+    if not isinstance(objects, list) or len(objects) > MAX_OBJECTS:
+        raise SceneError(f"must be a list of at most {MAX_OBJECTS} objects, got {objects!r:.80}")
+    fields = {f.name for f in dataclasses.fields(PlacedObject)}
+    for i, o in enumerate(objects):
+        if not isinstance(o, dict) or set(o) != fields:
+            raise SceneError(f"object {i} must be a mapping of exactly {', '.join(sorted(fields))}, got {o!r:.80}")
+        numbers = [o["x"], o["y"], o["size"]]
+        if o["colour"] not in COLOURS or o["shape"] not in SHAPES or o["cell"] not in range(MAX_OBJECTS) \
+                or isinstance(o["cell"], bool) or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                          and math.isfinite(v) for v in numbers):
+            raise SceneError(f"object {i}: colour one of {', '.join(COLOURS)}, shape one of {', '.join(SHAPES)}, cell "
+                             f"0 to {MAX_OBJECTS - 1}, x, y and size finite numbers; got {o!r:.120}")
     return tuple(PlacedObject(**o) for o in objects)
 
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from components.rewards.arguments import ShapesEditArgs
-from components.rewards.base import PointwiseReward
+from components.rewards.base import PointwiseReward, SampleError
 from components.rewards.geneval_shapes import DetectedObject, detect_objects, object_scores
-from components.rewards.shape_edits import apply_edit, edited_cell, parse_instruction, scene_from_json
-from components.rewards.shape_scenes import MAX_OBJECTS
+from components.rewards.shape_edits import SceneError, apply_edit, edited_cell, parse_instruction, scene_from_json
+from components.rewards.shape_scenes import MAX_OBJECTS, PromptParseError
 
 
 def cell_of(obj: DetectedObject, height: int, width: int) -> int:
@@ -63,7 +63,12 @@ class ShapesEdit(PointwiseReward):
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
         if "scene" not in metadata:
-            raise ValueError("shapes_edit reads the source scene from the row's metadata.scene (the rows of "
-                             "builtin:shapes-edit carry it); this row has none")
-        edit, keep, strict = edit_scores(image, metadata["scene"], prompt, self.min_area_fraction)
+            raise SampleError("metadata.scene", "shapes_edit reads the source scene from the row's metadata.scene "
+                                                "(the rows of builtin:shapes-edit carry it); this row has none")
+        try:
+            edit, keep, strict = edit_scores(image, metadata["scene"], prompt, self.min_area_fraction)
+        except SceneError as exc:
+            raise SampleError("metadata.scene", str(exc)) from None
+        except PromptParseError as exc:  # an instruction outside the grammar, or not well defined on the scene
+            raise SampleError("prompt", str(exc)) from None
         return edit * keep if self.mode == "partial" else strict

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from components.rewards.base import PointwiseReward
+from components.rewards.base import PointwiseReward, SampleError
 
 
 class TemporalConsistency(PointwiseReward):
@@ -21,7 +21,7 @@ class TemporalConsistency(PointwiseReward):
 
     def score(self, image: np.ndarray, prompt: str, metadata: dict[str, Any]) -> float:
         if image.ndim != 4 or image.shape[-1] != 3 or image.shape[0] < 2:
-            raise ValueError(f"expected a video (F, H, W, 3) of at least 2 frames, got shape {image.shape}: "
-                             "temporal_consistency scores videos (a video model with model.num_frames > 1)")
+            raise SampleError("image", f"expected a video (F, H, W, 3) of at least 2 frames, got shape {image.shape}: "
+                                       "temporal_consistency scores videos (a video model with model.num_frames > 1)")
         frames = image.astype(np.float64) / 255.0
         return float(1.0 - np.abs(np.diff(frames, axis=0)).mean())

@@ -27,7 +27,7 @@ import numpy as np
 
 from components import environ
 from components.rewards.arguments import DEFAULT_MAX_TOKENS, VLMJudgeArgs
-from components.rewards.base import Inputs, Reward, RewardOutput
+from components.rewards.base import Inputs, Reward, RewardOutput, SampleError, describe
 from components.rewards.codec import encode_png_b64
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
 from components.rewards.text_match import ocr_score, target_text
@@ -218,11 +218,13 @@ class VLMJudge(Reward):
             text = None  # kept when the reply came back but could not be scored, to show what it was
             try:
                 if self.inputs and not given:
-                    raise JudgeError("with_inputs judges an edit against its input image(s), but this sample came "
-                                     "with none (give the dataset rows `images`)")
+                    raise SampleError("inputs", "vlm_judge with_inputs judges an edit against its input image(s), but "
+                                                "this sample came with none (give the dataset rows `images`)")
                 body = self.request_body(image, prompt, given)
                 choice, text = _first_choice(await self._post(client, limit, body))
                 return self._score(choice, text, prompt, meta), text, None
+            except SampleError as exc:
+                return math.nan, text, describe(exc)
             except Exception as exc:  # a judge failure is data, recorded per sample
                 message = str(exc) if isinstance(exc, JudgeError) else f"{type(exc).__name__}: {exc}"
                 return math.nan, text, f"vlm_judge: {message}"

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError, create_model, model_validator
 
 from components.algorithms.base import algorithm_class, algorithms
-from components.config_base import Section, Seed, check_strings, format_validation_error
+from components.config_base import Section, Seed, chained, check_strings, format_validation_error
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
 from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
@@ -82,7 +82,7 @@ class TrainingJobConfig(Section):
         try:
             return cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, source)) from exc
+            raise ConfigError(format_validation_error(exc, source)) from chained(exc, source)
 
     @model_validator(mode="before")
     @classmethod

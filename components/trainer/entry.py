@@ -73,6 +73,7 @@ def resume_command(argv: list[str]) -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
+    environ.check_settings()  # before the config is read or anything written
     data = read_yaml_mapping(Path(args.config))
     return run(TrainingJobConfig.from_sections(data, str(args.config)), args, record=data)
 

@@ -28,6 +28,9 @@ PROBES = {
     "a 256 KB string": (f"data: {{prompts: null, path: {'a' * 256_000}.txt}}\n",
                         "data.path: a string longer than 65,536 characters"),
     "a 50 MB scalar": (f"x: {'a' * 50_000_000}\n", "c.yaml: longer than 524,288 characters"),
+    # Before: Python's ValueError (int digits) and PyYAML's ReaderError as tracebacks.
+    "a 5000-digit seed": (f"seed: {'1' * 5000}\n", "c.yaml:1:7: seed: not a valid int (Exceeds the limit"),
+    "a control character": ("tracking: {experiment: a\x07b}\n", "c.yaml:1:25: character #x0007 is not allowed"),
 }
 
 

@@ -311,3 +311,54 @@ def test_input_images_reach_the_rewards_that_ask_once_per_request_and_count_in_i
         assert r.status_code == 422 and "condition_images has 1" in r.json()["error"]
         r = _score(url, [encode_png_b64(i) for i in images], rewards=["input_mean"])
         assert r.status_code == 200 and "none were given" in r.json()["results"]["input_mean"]["errors"][0]
+
+
+@pytest.fixture(scope="module")
+def edit_server():
+    with running_server(_settings("edit_consistency", "shapes_edit", "geneval_shapes")) as url:
+        yield url
+
+
+_SCENE = [{"colour": "blue", "shape": "square", "cell": 0, "x": 4.0, "y": 4.0, "size": 14.0}]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        # Before: each answered 500 "reward ... failed on sample 0" (a TypeError, an OverflowError or a ValueError).
+        ({"condition_images": [[]]}, "condition_images[0]: edit_consistency compares the result with its input"),
+        ({"condition_images": None}, "condition_images: reward 'edit_consistency' scores edits against their input"),
+        ({"kwargs": {"scene": _SCENE, "edit_box": "abc"}}, "kwargs.edit_box: must be [top, left, bottom, right]"),
+        ({"kwargs": {"scene": _SCENE, "edit_box": [0, 0, 1e308, 1e308]}}, "kwargs.edit_box: [0.0, 0.0, 1e+308, 1e+308]"
+                                                                          " (margin 0.0) covers the whole image"),
+        ({"kwargs": None, "extra": {"scene": _SCENE, "edit_box": [0, 0, True, 1]}}, "extra.edit_box: must be"),
+        ({"kwargs": {"scene": "abc"}}, "kwargs.scene: must be a list of at most 4 objects"),
+        ({"kwargs": {"scene": [{"colour": "pink"}]}}, "kwargs.scene: object 0 must be a mapping of exactly"),
+        ({"kwargs": {}}, "kwargs.scene: shapes_edit reads the source scene"),
+        ({"prompt": ["zzz"]}, "prompt[0]: 'zzz' is not 'make the"),  # shapes_edit's grammar, asked before geneval's
+        ({"prompt": ["make the red circle blue"]}, "prompt[0]: 'make the red circle blue' fits 0 objects"),
+        ({"image": [encode_png_b64(_image(1, size=32)[:, :16].copy())]}, "image[0]: expected a square RGB result"),
+    ],
+    ids=["empty condition images", "no condition images", "edit_box a string", "edit_box past any image",
+         "edit_box a boolean (extra)", "scene a string", "scene object unknown", "no scene",
+         "prompt outside the grammar", "prompt not on the scene", "a non-square result"],
+)
+def test_a_samples_own_mistake_is_a_4xx_naming_the_field(edit_server, change, field):
+    body = {"prompt": ["make the blue square red"], "image": [encode_png_b64(_image(5, size=48))],
+            "condition_images": [[encode_png_b64(_image(6, size=48))]], "kwargs": {"scene": _SCENE}, **change}
+    r = httpx.post(f"{edit_server}/compute", json=body, timeout=30)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"].startswith(field), r.json()["error"]
+    assert httpx.get(f"{edit_server}/healthz").status_code == 200
+
+
+def test_a_samples_mistake_on_v1_score_stays_a_per_sample_failure(edit_server):
+    image = encode_png_b64(_image(5, size=48))
+    body = {"prompts": ["make the blue square red"] * 2, "images": [image, image], "inputs": [image],
+            "input_index": [[0], [0]], "metadata": [{"edit_box": "abc"}, {"edit_box": [0, 0, 8, 8]}],
+            "rewards": ["edit_consistency"]}
+    r = httpx.post(f"{edit_server}/v1/score", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    result = r.json()["results"]["edit_consistency"]
+    assert result["scores"][0] is None and "metadata.edit_box: must be" in result["errors"][0]
+    assert result["scores"][1] == 1.0 and result["errors"][1] is None

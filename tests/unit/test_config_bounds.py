@@ -249,3 +249,68 @@ def test_a_config_text_past_the_bound_is_refused_unparsed(tmp_path, monkeypatch)
         assert time.perf_counter() - start < 1, source
         assert str(info.value).startswith(f"{source}: longer than {MAX_CONFIG_CHARS:,} characters, the most a "
                                           "config may hold (many prompts belong in a data.path file)")
+
+
+DIGITS = "1" * 5000  # past Python's 4,300-digit limit of int("...")
+
+
+@pytest.mark.parametrize(
+    ("text", "override", "problem"),
+    [
+        # Before: the ValueError of int() / datetime.date() escaped the loader (a traceback).
+        (f"seed: {DIGITS}", f"seed={DIGITS}", "not a valid int (Exceeds the limit (4300 digits) for integer string "
+                                              "conversion: value has 5000 digits)"),
+        ("seed: 2024-13-45", "seed=2024-13-45", "not a valid timestamp (month must be in 1..12)"),
+        # Before: PyYAML's ReaderError was raised outside the handled path (a traceback).
+        ("tracking: {experiment: a\x07b}", "tracking.experiment=a\x07b",
+         "character #x0007 is not allowed in YAML (a control or other special character)"),
+    ],
+    ids=["5000 digits", "a date past December", "a control character"],
+)
+def test_a_value_the_parser_cannot_take_is_one_line_naming_the_key(tmp_path, monkeypatch, text, override, problem):
+    path = _write(tmp_path, f"train: {{epochs: 1}}\n{text}\n")
+    file_key = "seed: " if text.startswith("seed") else ""  # a control character is refused before parsing
+    column = text.index(":") + 3 if file_key else text.index("\x07") + 1
+    monkeypatch.setenv("FLOWGRPO_TEST_CONFIG", f"train: {{epochs: 1}}\n{text}\n")
+    key = override.partition("=")[0]
+    for load, expected in [
+        (lambda: load_config(path), f"{path}:2:{column}: {file_key}{problem}"),
+        (lambda: load_config(None, [override]), f"override {key}:1:{1 if file_key else 2}: {problem}"),
+        (lambda: load_config("env:FLOWGRPO_TEST_CONFIG"), f"env:FLOWGRPO_TEST_CONFIG:2:{column}: "
+         f"{problem.split(' (')[0] if file_key else 'a character YAML does not allow'} (its text is not shown: an "
+         "environment variable may hold a secret)"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            load()
+        assert str(info.value) == expected
+
+
+SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCY"
+
+
+@pytest.mark.parametrize("value", [
+    f"{SECRET[:9]}:{SECRET[9:]}{{", f"{SECRET[:9]}: {SECRET[9:18]}: {SECRET[18:]}", f"%{SECRET}", f"*{SECRET}",
+    f'"{SECRET[:4]}\\q{SECRET[4:]}"', f"!{SECRET} x", f"[{SECRET}", f"{SECRET[:9]}: &a 1\n{SECRET[:9]}: 2",
+    f"{SECRET[:9]}\x07{SECRET[9:]}", f"{SECRET[:9]}: {SECRET[9:]}", f"seed: {SECRET}", f"train: {{{SECRET}: 1}}",
+    f"seed: {DIGITS}{SECRET}",
+], ids=["colon-brace", "mapping values", "directive", "undefined alias", "unknown escape", "tag", "unclosed list",
+        "duplicate key", "control character", "unknown key", "wrong type", "unknown nested key", "digits"])
+def test_a_config_from_the_environment_is_refused_without_any_of_its_text(monkeypatch, value):
+    """Before: `--config env:AWS_SECRET_ACCESS_KEY` printed part of the secret (PyYAML's token, the line, the key,
+    the refused value) in the error, and chained PyYAML's exception, whose traceback prints the line."""
+    import traceback
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", value)
+    with pytest.raises(ConfigError) as info:
+        load_config("env:AWS_SECRET_ACCESS_KEY")
+    message = str(info.value)
+    assert "\n" not in message and "env:AWS_SECRET_ACCESS_KEY" in message, message
+    everything = "".join(traceback.format_exception(info.value))
+    assert all(part not in everything for part in (SECRET[:9], SECRET[9:18], SECRET[18:])), everything
+
+
+def test_an_override_key_with_a_control_character_is_refused_escaped():
+    # Before: refused as an unknown key, the escape sequence printed raw to the terminal (here: clear the screen).
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["se\x1b[2Jed=1"])
+    assert str(info.value) == "override 'se\\x1b[2Jed': a key holds no control characters"

@@ -279,3 +279,114 @@ def test_an_s3_of_our_own_keeps_the_products_retry_setting(monkeypatch, tmp_path
     changes = environ.own_s3({"AWS_ACCESS_KEY_ID": "AKLOCAL"})
     assert "AWS_MAX_ATTEMPTS" not in changes and changes["AWS_SESSION_TOKEN"] is None
     assert changes["AWS_CONFIG_FILE"] == os.devnull and changes["AWS_ACCESS_KEY_ID"] == "AKLOCAL"
+# --- ranges, checked at every entry point's start -------------------------------------------------------------------
+
+BAD_VALUES = [
+    # Before: -5 and 0 a 62-line botocore traceback at the first S3 call, inf and nan an unnamed HTTPClientError.
+    *(("FLOWGRPO_S3_CONNECT_TIMEOUT_S", v) for v in ("-5", "0", "inf", "nan", "1e10")),
+    *(("FLOWGRPO_S3_READ_TIMEOUT_S", v) for v in ("-5", "0", "inf", "nan")),
+    # Before: inf a traceback once config.yaml was written; -5 accepted, a 20 s run took 125 s.
+    *(("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", v) for v in ("inf", "-5")),
+    # Before: reported only after training, once the LoRA was written.
+    ("FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", "abc"),
+    # Before: -5 a 37-line botocore traceback; 0 and 21 accepted.
+    *(("AWS_MAX_ATTEMPTS", v) for v in ("-5", "0", "21", "3.5")),
+    # Before: a 30-line traceback where the first copy from s3:// was made.
+    *(("FLOWGRPO_CACHE_DIR", v) for v in ("/dev/null", "/dev/null/flowgrpo")),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_VALUES, ids=[f"{n}={v}" for n, v in BAD_VALUES])
+def test_a_value_out_of_range_is_refused_in_one_line_naming_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        environ.check_settings()
+    message = str(info.value)
+    assert message.startswith(f"environment variable {name}={value!r}: ") and "\n" not in message, message
+    assert "Accepts" not in message and environ.declared(name).parse.rule in message  # the range it takes
+
+
+def test_values_in_range_pass_and_every_bad_one_is_named(monkeypatch, tmp_path):
+    for name, value in [("FLOWGRPO_S3_READ_TIMEOUT_S", "0.5"), ("FLOWGRPO_MLFLOW_FLUSH_TIMEOUT_S", "86400"),
+                        ("AWS_MAX_ATTEMPTS", "1"), ("FLOWGRPO_CACHE_DIR", str(tmp_path / "not" / "yet"))]:
+        monkeypatch.setenv(name, value)
+    environ.check_settings()
+    assert environ.FLOWGRPO_CACHE_DIR.value() == tmp_path / "not" / "yet" and environ.AWS_MAX_ATTEMPTS.value() == 1
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("FLOWGRPO_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "20.5")
+    with pytest.raises(ConfigError) as info:
+        environ.check_settings()
+    assert str(info.value).count("environment variable ") == 2
+    assert f"FLOWGRPO_CACHE_DIR='{tmp_path}/file/cache': {tmp_path}/file is not a directory" in str(info.value)
+
+
+def _train_cli(output):
+    from pipeline.cli import main
+    return main(["train", "--config", "tiny-cpu", "--output", str(output)])
+
+
+def _trainer_entry(output):
+    from components.trainer.entry import main
+    return main(["--config", str(REPO / "pipeline" / "configs" / "tiny-cpu.yaml"), "--output", str(output)])
+
+
+def _reward_server_entry(output):
+    from components.reward_server.entry import main
+    return main(["--rewards", "brightness", "--port", "1"])  # would fail to bind, were it reached
+
+
+@pytest.mark.parametrize("main", [_train_cli, _trainer_entry, _reward_server_entry])
+def test_every_entry_point_refuses_a_bad_value_before_any_work(main, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S", "inf")
+    assert main(tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: environment variable FLOWGRPO_MLFLOW_OPEN_TIMEOUT_S='inf'" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_pipeline_step_checks_the_settings_first(monkeypatch):
+    from pipeline import kfp_pipeline, steps
+
+    monkeypatch.setenv("FLOWGRPO_S3_READ_TIMEOUT_S", "nan")
+    with pytest.raises(ConfigError, match="FLOWGRPO_S3_READ_TIMEOUT_S='nan'"):
+        steps.step_config("tiny-cpu", [])
+    components = [kfp_pipeline.prepare_dataset, kfp_pipeline.deploy_reward_server, kfp_pipeline.train,
+                  kfp_pipeline.evaluate, kfp_pipeline.register, kfp_pipeline.teardown]
+    for component in components:  # what KFP ships to the pod: the function's own source
+        assert "steps.step_config(config, overrides)" in component.component_spec.implementation.container.command[-1]
+
+
+def test_the_s3_client_makes_as_many_tries_as_aws_max_attempts_says(monkeypatch):
+    """AWS_MAX_ATTEMPTS counts the first try, as for every AWS tool (before: one try more: it went to botocore's
+    ``max_attempts``, which counts retries)."""
+    import http.server
+    import threading
+
+    tries = []
+
+    class Unavailable(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            tries.append(self.path)
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        for attempts in (1, 2):
+            monkeypatch.setenv("AWS_MAX_ATTEMPTS", str(attempts))
+            tries.clear()
+            with pytest.raises(storage.StorageError):
+                storage.get_bytes("s3://bucket/key")
+            assert len(tries) == attempts
+    finally:
+        server.shutdown()

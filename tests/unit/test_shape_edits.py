@@ -9,6 +9,7 @@ from scipy.ndimage import gaussian_filter
 
 from components.dataset.config import BUILTIN_KINDS
 from components.rewards.arguments import EditConsistencyArgs, ShapesEditArgs
+from components.rewards.base import SampleError
 from components.rewards.config import RewardSpec
 from components.rewards.edit_consistency import EditConsistency, consistency
 from components.rewards.registry import build_reward
@@ -192,8 +193,11 @@ def test_edit_consistency_brings_a_larger_input_and_its_box_to_the_result_size()
 
 def test_edit_consistency_refuses_a_box_over_everything_and_takes_args():
     image = np.zeros((48, 48, 3), np.uint8)
-    with pytest.raises(ValueError, match="covers the whole image"):
+    with pytest.raises(SampleError, match="covers the whole image") as info:
         consistency(image, image, [0, 0, 48, 48])
+    assert info.value.field == "metadata.edit_box"
+    # a box far past a smaller input, scaled up to the result: clipped, not an OverflowError (before)
+    assert consistency(image, np.zeros((24, 24, 3), np.uint8), [0, 0, 1e308, 12]) == 1.0
     reward = build_reward(RewardSpec(name="edit_consistency", args={"margin": 0.1}))
     assert isinstance(reward, EditConsistency) and reward.margin == 0.1 and EditConsistency.inputs
     with pytest.raises(ValueError):
