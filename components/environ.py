@@ -164,8 +164,8 @@ FLOWGRPO_GIT_COMMIT = _text("FLOWGRPO_GIT_COMMIT", "read", "the commit the code 
 FLOWGRPO_IMAGE = _text("FLOWGRPO_IMAGE", "read", "the image a run's pods run, an MLflow lineage tag (set on the "
                        "RayJob's pods)")
 FLOWGRPO_LEASE_OWNER = _text("FLOWGRPO_LEASE_OWNER", "read", "set by `flowgrpo run --local` for its steps: the "
-                              "run (pid and start time) the local services a step starts are leased to; they stop "
-                              "when it is gone")
+                              "run (pid and start time) the steps, all they start (the local Ray and its workers) "
+                              "and the services a step starts are leased to; they stop when it is gone")
 FLOWGRPO_JUDGE_MODEL_URI = _text("FLOWGRPO_JUDGE_MODEL_URI", "read", "the s3:// folder the VLM judge's model is "
                                  "copied from (the judge pod's init container)")
 FLOWGRPO_JUDGE_MODEL_DIR = _text("FLOWGRPO_JUDGE_MODEL_DIR", "read", "where the judge pod's init container puts the "

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -37,7 +36,18 @@ from pathlib import Path
 from components import environ
 from components.console import status_line
 from components.errors import FlowGRPOError
-from components.launch.process import LEASES_DIR, Lease, ProcessRef, lease_record, port_is_free, reap_leases
+from components.launch.process import (
+    LEASES_DIR,
+    SCRATCH_PREFIX,
+    STOP_GRACE_S,
+    Lease,
+    ProcessRef,
+    lease_record,
+    port_is_free,
+    reap_leases,
+    running_process,
+    stop_processes,
+)
 from pipeline.config import ExperimentConfig, dump_config
 from pipeline.kfp_local_patch import following_tasks
 from pipeline.single_instance import holding_workdir, is_held_here, stopping_on_signals
@@ -200,9 +210,9 @@ def owning_workdir(workdir: Path, command: str, log=status_line) -> Iterator[Pat
         yield workdir
 
 
-def _lease(workdir: Path, service: str) -> Lease:
+def _lease(workdir: Path, service: str, scratch: tuple[Path, ...] = ()) -> Lease:
     """Ties ``service`` to this process: it stops when this process is gone, however it ends."""
-    return Lease(ProcessRef.of(os.getpid()), lease_record(workdir, service))
+    return Lease(ProcessRef.of(os.getpid()), lease_record(workdir, service), scratch)
 
 
 @contextlib.contextmanager
@@ -230,20 +240,11 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _stop_descendants(before: set[int], grace_s: float = 10.0) -> None:
+def _stop_descendants(before: set[int]) -> None:
     """Stop every process started since ``before`` (this process's children then) that still runs: the
     steps, Ray, their children."""
-    import psutil
-
-    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    for proc in children:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=5)
+    started = [ProcessRef.of(pid) for pid in _children() - before]
+    stop_processes(lambda: {p.pid for p in started if p.alive()})
 
 
 @contextlib.contextmanager
@@ -321,60 +322,64 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
     from pipeline.kfp_pipeline import build_pipeline
 
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="tmp-", dir=workdir))  # kfp.local's ephemeral files land here
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=workdir))  # kfp.local's ephemeral files land here
     # Ray's unix socket paths (under its temp dir) must stay below 108 bytes: a short folder in the system's.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="fgray-"))
+    ray_tmp = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}ray-"))
     run_name = f"flowgrpo-{time.strftime('%Y%m%d-%H%M%S')}"
     log_path = workdir / "logs" / f"{run_name}.log"
-    progress = None
-    before = _children()
-    # MLflow on the port `flowgrpo ui` serves, so the links printed during the run keep working afterwards
-    mlflow_port = ui_port if port_is_free(ui_port) else None
-    try:
-        with local_services(workdir, mlflow_port=mlflow_port, log=log) as service_env, environ.patched_environ({
-            **service_env, "TMPDIR": str(scratch), **environ.entry_settings(),
-            "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
-            "RAY_TMPDIR": str(ray_tmp),
-            # the deploy step leases the reward server to this run
-            environ.FLOWGRPO_LEASE_OWNER.name: str(ProcessRef.of(os.getpid())),
-        }):
-            tempfile.tempdir = str(scratch)
-            if mlflow_port is None:
-                log(f"port {ui_port} is in use: the MLflow links printed during this run work only while it runs; "
-                    f"afterwards `flowgrpo ui --workdir {workdir} --port {ui_port}` serves them")
-            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workdir / "pipeline-root"),
-                       workspace_root=str(scratch / "workspace"), raise_on_error=False, enable_caching=True,
-                       cache_root=str(workdir / "kfp-cache"))
-            log(f"pipeline: prepare dataset -> deploy reward server -> train -> evaluate -> register "
-                f"(log: {log_path})")
-            progress = _Progress(log_path, sys.stdout)
-            with _following_kfp_local(progress), warnings.catch_warnings():
-                # kfp.local warns that the images are not used and that k8s settings are ignored: both known.
-                warnings.simplefilter("ignore")
-                pipeline = build_pipeline(eval_gpus=0, retries=False)
-                pipeline(config=dump_config(config), overrides=[], storage_root=STORAGE_ROOT, ray_workers=ray_workers,
-                         launcher=f"{LOCAL_PREFIX}{workdir}")
-            progress.close()
-            job_dir = _newest_job(workdir / "pipeline-root")
-            if progress.failed:
-                step, reason = progress.failed[0]  # the first failed step (teardown, the exit task, runs last)
-                raise LocalRunError(f"step {step!r} failed: {reason or 'no error line'}; its output is in "
-                                    f"{log_path}")
-            links, lora, registered = _results(job_dir, ui_port)
-            results = copy_results(lora, workdir / "runs")
-            return LocalRunResult(job_dir.name, *(links or (None, None)), results, lora, registered, log_path,
-                                  progress.seconds)
-    except KeyboardInterrupt:
-        log("interrupted: stopping every process this run started")
-        raise
-    finally:
-        tempfile.tempdir = None
-        if progress is not None:
-            progress.close()
-        _stop_descendants(before)
-        stop_all_local(workdir, log=log)
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    # The steps, and all they start (Ray, its workers), name this run in their environment (FLOWGRPO_LEASE_OWNER):
+    # should this process be killed outright, its tether stops them and removes the scratch folders.
+    with running_process([], cwd=workdir, env=dict(os.environ), log_path=log_path, what="the run's tether",
+                         ready=lambda: True, timeout_s=STOP_GRACE_S, lease=_lease(workdir, "run", (scratch, ray_tmp))):
+        progress = None
+        before = _children()
+        # MLflow on the port `flowgrpo ui` serves, so the links printed during the run keep working afterwards
+        mlflow_port = ui_port if port_is_free(ui_port) else None
+        try:
+            with local_services(workdir, mlflow_port=mlflow_port, log=log) as service_env, environ.patched_environ({
+                **service_env, "TMPDIR": str(scratch), **environ.entry_settings(),
+                "FLOWGRPO_CACHE_DIR": str(workdir / "cache"), "RAY_AUTH_MODE": "disabled",
+                "RAY_TMPDIR": str(ray_tmp),
+                # leases the steps and all they start to this run (the deploy step: the reward server too)
+                environ.FLOWGRPO_LEASE_OWNER.name: str(ProcessRef.of(os.getpid())),
+            }):
+                tempfile.tempdir = str(scratch)
+                if mlflow_port is None:
+                    log(f"port {ui_port} is in use: the MLflow links printed during this run work only while it "
+                        f"runs; afterwards `flowgrpo ui --workdir {workdir} --port {ui_port}` serves them")
+                local.init(runner=local.SubprocessRunner(use_venv=False),
+                           pipeline_root=str(workdir / "pipeline-root"), workspace_root=str(scratch / "workspace"),
+                           raise_on_error=False, enable_caching=True, cache_root=str(workdir / "kfp-cache"))
+                log(f"pipeline: prepare dataset -> deploy reward server -> train -> evaluate -> register "
+                    f"(log: {log_path})")
+                progress = _Progress(log_path, sys.stdout)
+                with _following_kfp_local(progress), warnings.catch_warnings():
+                    # kfp.local warns that the images are not used and that k8s settings are ignored: both known.
+                    warnings.simplefilter("ignore")
+                    pipeline = build_pipeline(eval_gpus=0, retries=False)
+                    pipeline(config=dump_config(config), overrides=[], storage_root=STORAGE_ROOT,
+                             ray_workers=ray_workers, launcher=f"{LOCAL_PREFIX}{workdir}")
+                progress.close()
+                job_dir = _newest_job(workdir / "pipeline-root")
+                if progress.failed:
+                    step, reason = progress.failed[0]  # the first failed step (teardown, the exit task, runs last)
+                    raise LocalRunError(f"step {step!r} failed: {reason or 'no error line'}; its output is in "
+                                        f"{log_path}")
+                links, lora, registered = _results(job_dir, ui_port)
+                results = copy_results(lora, workdir / "runs")
+                return LocalRunResult(job_dir.name, *(links or (None, None)), results, lora, registered, log_path,
+                                      progress.seconds)
+        except KeyboardInterrupt:
+            log("interrupted: stopping every process this run started")
+            raise
+        finally:
+            tempfile.tempdir = None
+            if progress is not None:
+                progress.close()
+            _stop_descendants(before)
+            stop_all_local(workdir, log=log)
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _newest_job(pipeline_root: Path) -> Path:

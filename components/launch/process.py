@@ -8,7 +8,9 @@ pipeline step and stopped by another) and is found again by its pid and command 
 Either can be leased to an owner (a local run): it then runs under a tether (``components.launch.tether``) that
 stops it once the owner is gone, also when the owner was killed outright (SIGKILL, out of memory) and no
 ``finally`` of its ran, and it is recorded so that the next owner of the work directory stops it should the
-tether have been killed too (``reap_leases``).
+tether have been killed too (``reap_leases``). The processes a local run's steps start are leased to it through
+their environment (``FLOWGRPO_LEASE_OWNER``, ``leased_to``): a tether without a service of its own stops them, and
+removes the run's scratch folders.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from components import environ
 from components.errors import FlowGRPOError
 from components.polling import Polls
 
@@ -33,6 +37,8 @@ TAIL_LINES = 20
 # How a local run leases its services: its ProcessRef in the environment of the steps it runs (the reward server is
 # started by one), the lease records in STATE_DIR/LEASES_DIR.
 LEASES_DIR = "services"
+# The names of a lease's scratch folders (``scratch_folders``).
+SCRATCH_PREFIX = "tmp-"
 
 
 class ServiceError(FlowGRPOError):
@@ -73,17 +79,22 @@ class ProcessRef:
 @dataclass(frozen=True)
 class Lease:
     """Ties a service to its ``owner``: the service runs under a tether that stops its process group once the owner
-    is gone, and ``record`` (a JSON file) names both until the service is stopped, for ``reap_leases``."""
+    is gone, and ``record`` (a JSON file) names both until the service is stopped, for ``reap_leases``. Without a
+    service (``tethered([])``) the tether stops the processes leased to the owner (``leased_to``) and removes the
+    ``scratch`` folders (``scratch_folders``)."""
 
     owner: ProcessRef
     record: Path
+    scratch: tuple[Path, ...] = ()
 
     def tethered(self, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", "components.launch.tether", str(self.owner), "--", *args]
+        folders = [arg for path in self.scratch for arg in ("--scratch", str(path))]
+        return [sys.executable, "-m", "components.launch.tether", str(self.owner), *folders, "--", *args]
 
     def write(self, pid: int) -> None:
         self.record.parent.mkdir(parents=True, exist_ok=True)
-        self.record.write_text(json.dumps({"service": str(ProcessRef.of(pid)), "owner": str(self.owner)}))
+        self.record.write_text(json.dumps({"service": str(ProcessRef.of(pid)), "owner": str(self.owner),
+                                           "scratch": [str(path) for path in self.scratch]}))
 
     def release(self) -> None:
         self.record.unlink(missing_ok=True)
@@ -97,13 +108,15 @@ def lease_record(state_dir: Path, service: str) -> Path:
 
 def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
     """Stop the process group of every service recorded in ``folder`` whose owner is gone (left running by an owner
-    killed outright, its tether killed too), and forget the records of services already gone. For the next owner
-    of a work directory, before it starts anything."""
+    killed outright, its tether killed too) and the processes leased to that owner, remove its scratch folders, and
+    forget the records of services already gone. For the next owner of a work directory, before it starts
+    anything."""
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             record = json.loads(path.read_text())
             service, owner = ProcessRef.parse(record["service"]), ProcessRef.parse(record["owner"])
-        except (OSError, ValueError, KeyError):
+            scratch = scratch_folders(Path(name) for name in record.get("scratch", []))
+        except (OSError, ValueError, KeyError, TypeError):
             path.unlink(missing_ok=True)  # half written by an owner killed while writing it
             continue
         if owner.alive():
@@ -112,7 +125,89 @@ def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
             log(f"stopping {path.stem} (process group {service.pid}), left running by pid {owner.pid}, which is gone")
             if not stop_group(service.pid, lambda s=service: _group_left(s)):
                 raise ServiceError(f"{path.stem} (process group {service.pid}) survived SIGKILL; stop it by hand")
+        if left := leased_to(owner, scratch):
+            log(f"stopping {len(left)} process(es) that pid {owner.pid}, which is gone, started: {sorted(left)}")
+            if not stop_leased(owner, scratch):
+                raise ServiceError(f"processes of pid {owner.pid} survived SIGKILL: "
+                                   f"{sorted(leased_to(owner, scratch) or ())}; stop them by hand")
+        remove_scratch(scratch)
         path.unlink(missing_ok=True)
+
+
+def leased_to(owner: ProcessRef, scratch: Iterable[Path] = ()) -> set[int] | None:
+    """The pids of the processes leased to ``owner``, this one excepted: those that name it in their environment
+    (``FLOWGRPO_LEASE_OWNER``, which a local run sets for its steps: its steps and all they start, however deep and
+    in whatever process group or session), and those with a file open in one of its ``scratch`` folders. The
+    second for Ray's processes: those that rename themselves (setproctitle: its agents, its workers) can overwrite
+    the environment /proc shows, and each keeps its log open in Ray's temp folder, the run's. Nothing of another
+    run's or of another Ray's. None without /proc."""
+    if not Path("/proc").is_dir():
+        return None
+    marker = f"{environ.FLOWGRPO_LEASE_OWNER.name}={owner}".encode()
+    folders = tuple(os.path.join(os.path.realpath(folder), "") for folder in scratch)
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            variables = (entry / "environ").read_bytes().split(b"\0")  # as exec'd: empty once a process is a zombie
+        except OSError:
+            continue  # gone, or another user's
+        if marker in variables or (folders and _uses_folder(entry, folders)):
+            pids.add(int(entry.name))
+    return pids
+
+
+def _uses_folder(proc: Path, folders: tuple[str, ...]) -> bool:
+    """Whether the process at ``proc`` (/proc/PID) has a file open in one of ``folders`` (each ending in a separator).
+    Not its working directory: a person's shell may be there."""
+    with contextlib.suppress(OSError):
+        for fd in (proc / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith(folders):
+                    return True
+    return False
+
+
+def stop_leased(owner: ProcessRef, scratch: Iterable[Path] = (), grace_s: float = STOP_GRACE_S) -> bool:
+    """Stop the processes leased to ``owner`` (``leased_to``), SIGTERM then SIGKILL; whether none is left."""
+    folders = list(scratch)
+    return stop_processes(lambda: leased_to(owner, folders) or set(), grace_s)
+
+
+def stop_processes(members: Callable[[], set[int]], grace_s: float = STOP_GRACE_S) -> bool:
+    """SIGTERM to every pid of ``members()``, SIGKILL to those still there after ``grace_s``; ``members()`` is asked
+    at every poll, so a process started meanwhile (Ray restarting a worker) is stopped too. Whether none is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        sent: set[int] = set()
+        for _ in Polls(grace_s, 0.05):
+            left = members()
+            if not left:
+                return True
+            for pid in left - sent:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            sent |= left
+    return not members()
+
+
+def scratch_folders(folders: Iterable[Path]) -> list[Path]:
+    """Those of ``folders`` that can be a lease's scratch: folders named ``SCRATCH_PREFIX``... of this user's. A
+    record is a file in the work directory: the folders it names are only taken (their users stopped, the folders
+    removed) when they are such."""
+    found = []
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            info = folder.lstat()
+            if folder.name.startswith(SCRATCH_PREFIX) and stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+                found.append(folder)
+    return found
+
+
+def remove_scratch(folders: Iterable[Path]) -> None:
+    """Remove those of ``folders`` that can be a lease's scratch (``scratch_folders``)."""
+    for folder in scratch_folders(folders):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _group_left(leader: ProcessRef) -> bool:

@@ -5,6 +5,11 @@ cleanup of its own, and its services, in sessions of their own, would run on und
 
 The tether leads the service's process group (``start_detached`` gives it a session of its own), so stopping the
 group the usual way (SIGTERM to the group, then SIGKILL) stops both; it exits with COMMAND's status.
+
+``python -m components.launch.tether PID:START [--scratch FOLDER]... --``, without COMMAND, tethers the processes
+leased to PID (``process.leased_to``: those naming PID in their environment, a local run's steps, the kfp executor,
+the Ray it started, Ray's workers in groups of their own, and those using a FOLDER): once PID is gone it stops them
+and removes the FOLDERs (the run's scratch, Ray's temp folder).
 """
 
 from __future__ import annotations
@@ -13,10 +18,21 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
-from components.launch.process import ProcessRef, group_members, stop_group
+from components.launch.process import (
+    ProcessRef,
+    group_members,
+    remove_scratch,
+    scratch_folders,
+    stop_group,
+    stop_leased,
+)
 
 POLL_S = 0.5  # how often the owner is looked at: how late, at most, its services start stopping
+USAGE = ("usage: python -m components.launch.tether PID:START -- COMMAND...\n"
+         "       python -m components.launch.tether PID:START [--scratch FOLDER]... --")
 
 
 def _status(returncode: int) -> int:
@@ -30,24 +46,43 @@ def _others_run(service: subprocess.Popen) -> bool:
     return service.poll() is None if members is None else bool(members - {os.getpid()})
 
 
+def _parse(argv: list[str]) -> tuple[ProcessRef, list[Path], list[str]] | None:
+    """(owner, scratch folders, COMMAND); None when ``argv`` does not read as USAGE says."""
+    if len(argv) < 2 or "--" not in argv:
+        return None
+    cut = argv.index("--")
+    options, command = argv[1:cut], argv[cut + 1:]
+    if len(options) % 2 or any(flag != "--scratch" for flag in options[::2]) or (options and command):
+        return None
+    return ProcessRef.parse(argv[0]), scratch_folders(Path(folder) for folder in options[1::2]), command
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m components.launch.tether PID:START -- COMMAND...", file=sys.stderr)
+    parsed = _parse(argv)
+    if parsed is None:
+        print(USAGE, file=sys.stderr)
         return 2
     if os.getpgrp() != os.getpid():
         print("tether: must lead its process group (start it with process.start_detached)", file=sys.stderr)
         return 2
-    owner = ProcessRef.parse(argv[0])
+    owner, scratch, command = parsed
+    if not command:  # a SIGTERM stops this tether: nothing of its own to wait for
+        while owner.alive():
+            time.sleep(POLL_S)
+        print(f"tether: pid {owner.pid} is gone; stopping the processes it leased", file=sys.stderr, flush=True)
+        stopped = stop_leased(owner, scratch)
+        remove_scratch(scratch)
+        return 0 if stopped else 1
     # A SIGTERM to the group is for the service; the tether waits for it to stop. A handler, not SIG_IGN, which the
     # service would inherit.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    service = subprocess.Popen(argv[2:])
+    service = subprocess.Popen(command)
     while owner.alive():
         try:
             return _status(service.wait(timeout=POLL_S))
         except subprocess.TimeoutExpired:
             pass
-    print(f"tether: pid {owner.pid} is gone; stopping {argv[2]} (pid {service.pid})", file=sys.stderr, flush=True)
+    print(f"tether: pid {owner.pid} is gone; stopping {command[0]} (pid {service.pid})", file=sys.stderr, flush=True)
     stop_group(os.getpid(), lambda: _others_run(service))  # SIGKILL, if it comes to that, ends this tether too
     return _status(service.wait())
 

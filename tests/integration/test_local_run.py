@@ -1,8 +1,10 @@
 """`flowgrpo run --local`: the whole pipeline under kfp.local with real SeaweedFS, MLflow, reward server and
 Ray; then what it left (S3 objects, MLflow runs, the registered model, the report), the cached dataset step
-on a second run, SIGTERM, and a failing training step that still tears the reward server down."""
+on a second run, SIGTERM, a kill -9 (nothing of the run trains on), and a failing training step that still tears
+the reward server down."""
 
 # No `from __future__ import annotations`: kfp reads the test components' annotations as types.
+import contextlib
 import io
 import json
 import os
@@ -311,6 +313,55 @@ def test_second_run_reuses_dataset_and_sigterm_stops_everything(first_run):
     assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert not psutil.pid_exists(record["pid"]) or psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE
     assert _processes_under(workdir) == []
+
+
+def test_a_run_killed_outright_stops_its_steps_and_its_ray_and_leaves_no_scratch(first_run):
+    """kill -9 of `run --local` while its train step trains on the local Ray: the run's tether stops the step and
+    the Ray it started (GCS, raylet, dashboard, agents, workers in process groups of their own), and removes
+    WORKDIR/tmp-* and Ray's temp folder, within seconds. Before, 27 processes of the run still trained after 120 s,
+    and both folders stayed."""
+    from components.launch.process import ProcessRef, leased_to, stop_leased
+
+    workdir, done = first_run
+    assert done.returncode == 0
+    proc = subprocess.Popen(_flowgrpo(workdir, *CONFIG, "train.epochs=50"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=_clean_env())
+    ref, scratch = ProcessRef.of(proc.pid), []
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "epoch 1/50 reward" in line:
+                break
+        assert "epoch 1/50 reward" in lines[-1], "".join(lines)[-3000:]
+        ray_tmp, started = set(), {}
+        for pid in leased_to(ref):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                ray_tmp.add(psutil.Process(pid).environ().get("RAY_TMPDIR"))
+        scratch = [*workdir.glob("tmp-*"), *(Path(f) for f in ray_tmp - {None})]
+        assert len(scratch) == 2 and all(f.is_dir() for f in scratch)  # WORKDIR/tmp-*, Ray's temp folder
+        for pid in leased_to(ref, scratch):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                started[ProcessRef.of(pid)] = " ".join(psutil.Process(pid).cmdline())
+        commands = list(started.values())
+        assert [c for c in commands if "kfp.dsl.executor_main" in c and "train" in c]
+        for ray_process in ("gcs_server", "raylet", "dashboard.py", "ray::DashboardAgent", "ray::RuntimeEnvAgent",
+                            "ray::TrainController", "ray::RayTrainWorker"):
+            assert any(ray_process in c for c in commands), (ray_process, commands)
+
+        proc.kill()
+        proc.wait()
+        killed = time.monotonic()
+        while any(p.alive() for p in started) or leased_to(ref, scratch) or any(f.exists() for f in scratch):
+            assert time.monotonic() - killed < 30, [c for p, c in started.items() if p.alive()]
+            time.sleep(0.1)
+        assert not list(workdir.glob("tmp-*"))
+        while _processes_under(workdir):  # the services, by their own tethers
+            assert time.monotonic() - killed < 30, _processes_under(workdir)
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        stop_leased(ref, scratch, grace_s=1)
 
 
 def test_failing_training_step_still_tears_the_reward_server_down(first_run, tmp_path):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -142,7 +143,8 @@ def test_a_leased_service_runs_while_its_owner_lives_and_its_group_stops_when_th
     try:
         _wait_for(lambda: len(_group(proc.pid)) == 3, 30)  # the tether, the service, its child
         record = json.loads(lease.record.read_text())
-        assert record == {"service": str(ProcessRef.of(proc.pid)), "owner": str(ProcessRef.of(owner.pid))}
+        assert record == {"service": str(ProcessRef.of(proc.pid)), "owner": str(ProcessRef.of(owner.pid)),
+                          "scratch": []}
         time.sleep(3 * POLL_S)
         assert len(_group(proc.pid)) == 3  # the owner lives: nothing is stopped
         owner.kill()  # SIGKILL: no cleanup of the owner's runs
@@ -212,6 +214,110 @@ def test_reap_leases_stops_leftovers_of_a_dead_owner_and_nothing_else(tmp_path):
         for proc in (kept, left):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+# A step of a local run, as the train step is with its Ray: it leaves the run's session and starts a process that
+# leads a group of its own (as Ray's workers do), out of reach of any process group or session the run knows.
+STEP = [sys.executable, "-c", "import os, subprocess, sys, time; os.setsid(); subprocess.Popen([sys.executable, '-c', "
+        "'import os, time; os.setpgid(0, 0); time.sleep(300)']); time.sleep(300)"]
+
+
+def _leased_env(owner) -> dict[str, str]:
+    from components.environ import FLOWGRPO_LEASE_OWNER
+
+    return {**os.environ, FLOWGRPO_LEASE_OWNER.name: str(owner)}
+
+
+def _scratch(folder: Path) -> Path:
+    (folder / "session" / "logs").mkdir(parents=True)
+    return folder
+
+
+def _logging_to(log: Path) -> subprocess.Popen:
+    """A process that keeps ``log`` open, its environment naming no run: a Ray process of the run that renamed itself
+    (setproctitle), which can overwrite the environment /proc shows, keeping its log in Ray's temp folder."""
+    return subprocess.Popen([sys.executable, "-c", "import sys, time; log = open(sys.argv[1], 'a'); time.sleep(300)",
+                             str(log)])
+
+
+def test_a_tether_without_a_service_stops_what_its_owner_leased_in_any_group_and_removes_its_scratch(tmp_path):
+    """A local run killed outright: its steps and all they started (the kfp executor, its Ray, Ray's workers in groups
+    of their own) name the run in their environment; the run's tether stops them all and removes the run's scratch
+    folders. Before, nothing stopped them: the train step and its Ray trained on after a kill -9 of the run."""
+    from components.launch.process import Lease, ProcessRef, leased_to, start_detached, stop_leased
+    from components.launch.tether import POLL_S
+
+    owner, other = _sleeper(), _sleeper()
+    ref, other_ref = ProcessRef.of(owner.pid), ProcessRef.of(other.pid)
+    earlier = ProcessRef(owner.pid, ref.start + 1)  # the same pid, another process: a run before this one
+    scratch = (_scratch(tmp_path / "tmp-run"), _scratch(tmp_path / "tmp-ray"))
+    # leased to nobody, to another run, to the pid's earlier run; a log open in another Ray's temp folder
+    strangers = [_sleeper(), _sleeper(env=_leased_env(other_ref)), _sleeper(env=_leased_env(earlier)),
+                 _logging_to(_scratch(tmp_path / "tmp-other-ray") / "session" / "logs" / "raylet.out")]
+    tether = start_detached([], log_path=tmp_path / "run.log", env=dict(os.environ),
+                            lease=Lease(ref, tmp_path / "services" / "run.json", scratch))
+    steps = [*(subprocess.Popen(STEP, env=_leased_env(ref)) for _ in range(2)),
+             _logging_to(scratch[1] / "session" / "logs" / "dashboard_agent.log")]
+    try:
+        _wait_for(lambda: len(leased_to(ref, scratch)) == 5, 30)  # the steps, their children, the "agent"
+        time.sleep(3 * POLL_S)
+        assert len(leased_to(ref, scratch)) == 5 and tether.poll() is None  # the owner lives: nothing is stopped
+        owner.kill()  # SIGKILL: no cleanup of the owner's runs
+        owner.wait()
+        took = _wait_for(lambda: not leased_to(ref, scratch) and not any(f.exists() for f in scratch), 15)
+        assert took < POLL_S + 5, took
+        assert tether.wait(timeout=10) == 0
+        assert f"tether: pid {owner.pid} is gone; stopping the processes it leased" in (
+            tmp_path / "run.log").read_text()
+        assert all(p.poll() is None for p in strangers)
+    finally:
+        for proc in (owner, other, tether, *strangers):
+            proc.kill()
+        stop_leased(ref, scratch, grace_s=1)
+        for step in steps:
+            step.wait(timeout=10)
+
+
+def test_reap_leases_stops_what_a_dead_run_leased_and_removes_only_its_scratch(tmp_path):
+    """The run's tether killed too (an OOM kill of both, a kill of its group): the next owner of the work directory
+    stops what the dead run's steps started and removes its scratch folders, but not a folder a record names that is
+    not one (a record is a file in the work directory, which anyone may edit), nor what a live run leased."""
+    from components.launch.process import Lease, ProcessRef, leased_to, reap_leases, start_detached, stop_leased
+
+    folder = tmp_path / "services"
+    owner, live = _sleeper(), _sleeper()
+    ref, live_ref = ProcessRef.of(owner.pid), ProcessRef.of(live.pid)
+    scratch, notes = _scratch(tmp_path / "tmp-run"), _scratch(tmp_path / "notes")
+    tether = start_detached([], log_path=tmp_path / "run.log", env=dict(os.environ),
+                            lease=Lease(ref, folder / "run.json", (scratch, notes)))
+    live_tether = start_detached([], log_path=tmp_path / "live.log", env=dict(os.environ),
+                                 lease=Lease(live_ref, folder / "live.json"))
+    steps = [subprocess.Popen(STEP, env=_leased_env(ref)), subprocess.Popen(STEP, env=_leased_env(live_ref)),
+             _logging_to(scratch / "session" / "logs" / "dashboard_agent.log")]
+    reader = _logging_to(notes / "session" / "logs" / "read.log")  # a folder that is no scratch: not the run's
+    try:
+        _wait_for(lambda: len(leased_to(ref, [scratch])) == 3 and len(leased_to(live_ref)) == 2, 30)
+        tether.kill()  # the tether first: nothing is left to stop the steps
+        tether.wait()
+        owner.kill()
+        owner.wait()
+        time.sleep(1)
+        left = leased_to(ref, [scratch])
+        assert len(left) == 3 and scratch.exists()
+        lines: list[str] = []
+        reap_leases(folder, lines.append)
+        assert lines == [f"stopping 3 process(es) that pid {owner.pid}, which is gone, started: {sorted(left)}"]
+        assert not leased_to(ref, [scratch]) and not scratch.exists() and notes.exists()
+        assert reader.poll() is None  # kept: the record named its folder, but it is no scratch folder
+        assert len(leased_to(live_ref)) == 2 and live_tether.poll() is None  # a live run's: untouched
+        assert sorted(p.name for p in folder.iterdir()) == ["live.json"]
+    finally:
+        for proc in (owner, live, tether, live_tether, reader):
+            proc.kill()
+        stop_leased(ref, [scratch], grace_s=1)
+        stop_leased(live_ref, grace_s=1)
+        for step in steps:
+            step.wait(timeout=10)
 
 
 def test_readiness_is_polled_every_0_2_s_up_to_the_bound(tmp_path):
