@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from components import environ
 from components.console import status_line
 from components.errors import FlowGRPOError
@@ -235,15 +237,16 @@ def local_services(workdir: Path, mlflow_port: int | None = None,
 
 
 def _children() -> set[int]:
-    import psutil
-
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 def _stop_descendants(before: set[int]) -> None:
     """Stop every process started since ``before`` (this process's children then) that still runs: the
     steps, Ray, their children."""
-    started = [ProcessRef.of(pid) for pid in _children() - before]
+    started = []
+    for pid in _children() - before:
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone since
+            started.append(ProcessRef.of(pid))
     stop_processes(lambda: {p.pid for p in started if p.alive()})
 
 

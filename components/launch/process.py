@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from components import environ
 from components.errors import FlowGRPOError
 from components.polling import Polls
@@ -39,6 +41,10 @@ TAIL_LINES = 20
 LEASES_DIR = "services"
 # The names of a lease's scratch folders (``scratch_folders``).
 SCRATCH_PREFIX = "tmp-"
+# The unit of a ProcessRef's start: the clock ticks of /proc/PID/stat, which records of earlier versions hold.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The states of a process that is no more than its exit status, waiting to be reaped.
+ENDED = {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD}
 
 
 class ServiceError(FlowGRPOError):
@@ -50,30 +56,36 @@ class ProcessRef:
     """A process by its pid and start time: a pid alone may have been reused by another process since."""
 
     pid: int
-    start: int | None  # clock ticks after boot (/proc/PID/stat); None without /proc (macOS): the pid is all there is
+    start: int  # clock ticks after boot (``_started``)
 
     @classmethod
     def of(cls, pid: int) -> ProcessRef:
-        return cls(pid, started_at(pid))
+        """The process ``pid`` is now; psutil.NoSuchProcess when there is none."""
+        return cls(pid, _started(psutil.Process(pid)))
 
     @classmethod
     def parse(cls, text: str) -> ProcessRef:
-        """The inverse of ``str``: ``PID:START``, START empty when unknown."""
+        """The inverse of ``str``: ``PID:START``. ValueError for anything else, among it the ``PID:`` an earlier
+        version wrote where it found no /proc: a pid alone may be another process's by now."""
         pid, _, start = text.partition(":")
-        return cls(int(pid), int(start) if start else None)
+        return cls(int(pid), int(start))
 
     def __str__(self) -> str:
-        return f"{self.pid}:{'' if self.start is None else self.start}"
+        return f"{self.pid}:{self.start}"
 
     def alive(self) -> bool:
         """Whether this very process still runs (a zombie does not)."""
         try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass  # another user's: it exists
-        return _state(self.pid) not in {"Z", "X"} and started_at(self.pid) == self.start
+            proc = psutil.Process(self.pid)
+            return proc.status() not in ENDED and _started(proc) == self.start
+        except psutil.Error:
+            return False  # gone, or another user's: not this one
+
+
+def _started(proc: psutil.Process) -> int:
+    """When ``proc`` started, in clock ticks after boot (on Linux the starttime of /proc/PID/stat). Not psutil's
+    create_time alone: that adds the boot time, which moves with the wall clock (NTP, a person setting it)."""
+    return round((proc.create_time() - psutil.boot_time()) * CLOCK_TICKS)
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,8 @@ def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
             service, owner = ProcessRef.parse(record["service"]), ProcessRef.parse(record["owner"])
             scratch = scratch_folders(Path(name) for name in record.get("scratch", []))
         except (OSError, ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # half written by an owner killed while writing it
+            # half written by an owner killed while writing it, or an earlier version's without start times
+            path.unlink(missing_ok=True)
             continue
         if owner.alive():
             continue
@@ -129,50 +142,36 @@ def reap_leases(folder: Path, log: Callable[[str], None]) -> None:
             log(f"stopping {len(left)} process(es) that pid {owner.pid}, which is gone, started: {sorted(left)}")
             if not stop_leased(owner, scratch):
                 raise ServiceError(f"processes of pid {owner.pid} survived SIGKILL: "
-                                   f"{sorted(leased_to(owner, scratch) or ())}; stop them by hand")
+                                   f"{sorted(leased_to(owner, scratch))}; stop them by hand")
         remove_scratch(scratch)
         path.unlink(missing_ok=True)
 
 
-def leased_to(owner: ProcessRef, scratch: Iterable[Path] = ()) -> set[int] | None:
+def leased_to(owner: ProcessRef, scratch: Iterable[Path] = ()) -> set[int]:
     """The pids of the processes leased to ``owner``, this one excepted: those that name it in their environment
     (``FLOWGRPO_LEASE_OWNER``, which a local run sets for its steps: its steps and all they start, however deep and
     in whatever process group or session), and those with a file open in one of its ``scratch`` folders. The
     second for Ray's processes: those that rename themselves (setproctitle: its agents, its workers) can overwrite
-    the environment /proc shows, and each keeps its log open in Ray's temp folder, the run's. Nothing of another
-    run's or of another Ray's. None without /proc."""
-    if not Path("/proc").is_dir():
-        return None
-    marker = f"{environ.FLOWGRPO_LEASE_OWNER.name}={owner}".encode()
+    the environment the system shows, and each keeps its log open in Ray's temp folder, the run's. A file open,
+    not a working directory: a person's shell may be there. Nothing of another run's or of another Ray's."""
+    marker = str(owner)
     folders = tuple(os.path.join(os.path.realpath(folder), "") for folder in scratch)
     pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
             continue
-        try:
-            variables = (entry / "environ").read_bytes().split(b"\0")  # as exec'd: empty once a process is a zombie
-        except OSError:
-            continue  # gone, or another user's
-        if marker in variables or (folders and _uses_folder(entry, folders)):
-            pids.add(int(entry.name))
+        with contextlib.suppress(psutil.Error):  # gone, or another user's
+            # the environment as exec'd: empty once a process is a zombie
+            if proc.environ().get(environ.FLOWGRPO_LEASE_OWNER.name) == marker or (
+                    folders and any(file.path.startswith(folders) for file in proc.open_files())):
+                pids.add(proc.pid)
     return pids
-
-
-def _uses_folder(proc: Path, folders: tuple[str, ...]) -> bool:
-    """Whether the process at ``proc`` (/proc/PID) has a file open in one of ``folders`` (each ending in a separator).
-    Not its working directory: a person's shell may be there."""
-    with contextlib.suppress(OSError):
-        for fd in (proc / "fd").iterdir():
-            with contextlib.suppress(OSError):
-                if os.readlink(fd).startswith(folders):
-                    return True
-    return False
 
 
 def stop_leased(owner: ProcessRef, scratch: Iterable[Path] = (), grace_s: float = STOP_GRACE_S) -> bool:
     """Stop the processes leased to ``owner`` (``leased_to``), SIGTERM then SIGKILL; whether none is left."""
     folders = list(scratch)
-    return stop_processes(lambda: leased_to(owner, folders) or set(), grace_s)
+    return stop_processes(lambda: leased_to(owner, folders), grace_s)
 
 
 def stop_processes(members: Callable[[], set[int]], grace_s: float = STOP_GRACE_S) -> bool:
@@ -216,29 +215,19 @@ def _group_left(leader: ProcessRef) -> bool:
     leader's."""
     if leader.alive():
         return True
-    if started_at(leader.pid) not in {None, leader.start}:
-        return False  # the pid is another process's now: the group, led by it, is not the recorded one
-    members = group_members(leader.pid)
-    if members is not None:
-        return bool(members)
-    try:  # no /proc (macOS): a group of zombies only counts as running
-        os.killpg(leader.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    with contextlib.suppress(psutil.Error):  # gone, or a zombie that no longer says when it started
+        if _started(psutil.Process(leader.pid)) != leader.start:
+            return False  # the pid is another process's now: the group, led by it, is not the recorded one
+    return bool(group_members(leader.pid))
 
 
-def group_members(pgid: int) -> set[int] | None:
-    """The pids of process group ``pgid`` that run (zombies do not); None without /proc."""
-    if not Path("/proc").is_dir():
-        return None
+def group_members(pgid: int) -> set[int]:
+    """The pids of process group ``pgid`` that run (zombies do not)."""
     members = set()
-    for entry in Path("/proc").iterdir():
-        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if fields and fields[2] == str(pgid) and fields[0] not in {"Z", "X"}:  # state, ppid, process group, ...
-            members.add(int(entry.name))
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):  # gone
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() not in ENDED:
+                members.add(pid)
     return members
 
 
@@ -337,8 +326,6 @@ def _log_end(log_path: Path) -> str:
 
 def listens_on(pid: int, port: int) -> bool:
     """Whether process ``pid`` or one of its descendants listens on TCP ``port``."""
-    import psutil  # not in the components image, whose steps import this module but start no service
-
     try:
         root = psutil.Process(pid)
         family = [root, *root.children(recursive=True)]
@@ -369,42 +356,19 @@ def start_detached(args: list[str], *, log_path: Path, env: dict[str, str], cwd:
 
 
 def is_running(pid: int, marker: str) -> bool:
-    """Whether ``pid`` still runs the command whose arguments include ``marker``. Where /proc exists the command
-    line is checked: pids are reused, and stopping must never signal a stranger."""
+    """Whether ``pid`` still runs the command whose arguments include ``marker``: the command line is checked, as
+    pids are reused, and stopping must never signal a stranger."""
     with contextlib.suppress(ChildProcessError):  # not our child: started by an earlier, finished step
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False  # our child, exited (now reaped)
     try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # no /proc (macOS): the pid is all there is to check
-    if not cmdline:
-        # a process that is exiting has released its memory (and with it its command line) before it closes its
-        # files and sockets: it runs until the kernel makes it a zombie
-        return _state(pid) not in {"Z", "X", None}
-    return marker in cmdline.decode(errors="replace").split("\0")
+        proc = psutil.Process(pid)
+        cmdline = proc.cmdline()
+        if not cmdline:
+            # a process that is exiting has released its memory (and with it its command line) before it closes its
+            # files and sockets: it runs until the kernel makes it a zombie
+            return proc.status() not in ENDED
+        return marker in cmdline
+    except psutil.Error:
+        return False  # gone (a zombie among them), or another user's
 
-
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (the state first); None when it is gone or no /proc."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": the name may hold spaces and parentheses
-
-
-def _state(pid: int) -> str | None:
-    """The scheduler state letter of ``pid`` (R, S, D, Z, ...) from /proc; None when it is gone."""
-    fields = _stat(pid)
-    return fields[0] if fields else None
-
-
-def started_at(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks after boot (proc(5): stat field 22); None when it is gone or no /proc."""
-    fields = _stat(pid)
-    return int(fields[19]) if fields else None

@@ -39,11 +39,10 @@ def _status(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode  # killed by signal N: the shell's 128 + N
 
 
-def _others_run(service: subprocess.Popen) -> bool:
+def _others_run() -> bool:
     """Whether anything of the group but this tether runs: the service, or a process it started (MLflow's server
     runs uvicorn in a child)."""
-    members = group_members(os.getpid())
-    return service.poll() is None if members is None else bool(members - {os.getpid()})
+    return bool(group_members(os.getpid()) - {os.getpid()})
 
 
 def _parse(argv: list[str]) -> tuple[ProcessRef, list[Path], list[str]] | None:
@@ -83,7 +82,7 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             pass
     print(f"tether: pid {owner.pid} is gone; stopping {command[0]} (pid {service.pid})", file=sys.stderr, flush=True)
-    stop_group(os.getpid(), lambda: _others_run(service))  # SIGKILL, if it comes to that, ends this tether too
+    stop_group(os.getpid(), _others_run)  # SIGKILL, if it comes to that, ends this tether too
     return _status(service.wait())
 
 

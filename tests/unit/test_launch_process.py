@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from components.launch.process import ServiceError, _state, is_running, running_process
+from components.launch.process import ServiceError, is_running, running_process
 
 
 def test_exit_before_ready_reports_code_and_log(tmp_path):
@@ -32,8 +33,6 @@ def test_not_ready_in_time_is_stopped(tmp_path):
                              ready=lambda: started.append(1) and False, timeout_s=0.5):
             pass
     assert started  # readiness was polled
-    import psutil
-
     assert not [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(60)" in " ".join(p.info["cmdline"] or [])]
 
 
@@ -45,9 +44,16 @@ def test_ready_service_is_yielded_then_stopped(tmp_path):
     assert proc.poll() is not None
 
 
-def test_state_reads_the_kernel_state_through_a_name_with_parentheses_until_the_process_is_reaped(tmp_path):
+def _status(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def test_is_running_reads_the_command_through_a_name_with_parentheses_and_not_that_of_a_zombie(tmp_path):
     # a zombie has no command line left, and neither has a process that is still exiting (sockets open): is_running
-    # tells them apart by this state
+    # tells them apart by their state
     ready = tmp_path / "ready"
     code = ("import pathlib, sys, time; pathlib.Path('/proc/self/comm').write_text('a) S (b'); "
             "pathlib.Path(sys.argv[1]).touch(); time.sleep(60)")
@@ -57,15 +63,15 @@ def test_state_reads_the_kernel_state_through_a_name_with_parentheses_until_the_
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert is_running(child.pid, str(ready)) and not is_running(child.pid, "another command")
-        assert _state(child.pid) in {"S", "R"}
+        assert _status(child.pid) in {psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING}
     finally:
         child.kill()
     deadline = time.monotonic() + 30
-    while _state(child.pid) != "Z" and time.monotonic() < deadline:  # killed, not yet reaped
+    while _status(child.pid) != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:  # killed, not yet reaped
         time.sleep(0.05)
-    assert _state(child.pid) == "Z" and not is_running(child.pid, str(ready))
+    assert _status(child.pid) == psutil.STATUS_ZOMBIE and not is_running(child.pid, str(ready))
     child.wait()
-    assert _state(child.pid) is None
+    assert _status(child.pid) is None
 
 
 def test_listens_on_sees_the_port_of_a_child_process_and_no_other(tmp_path):
@@ -112,8 +118,6 @@ def _sleeper(**kwargs) -> subprocess.Popen:
 
 def _group(pgid: int) -> list[int]:
     """The live (not zombie) members of process group ``pgid``."""
-    import psutil
-
     members = []
     for proc in psutil.process_iter():
         try:
@@ -214,6 +218,43 @@ def test_reap_leases_stops_leftovers_of_a_dead_owner_and_nothing_else(tmp_path):
         for proc in (kept, left):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _ticks_by_hand(pid: int) -> int:
+    """The start time of ``pid`` as versions before psutil recorded it: proc(5)'s starttime, field 22 of
+    /proc/PID/stat (after the name, which may hold spaces and parentheses)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def test_records_of_earlier_versions_are_reaped_as_before_or_forgotten_untouched(tmp_path):
+    """A work directory may hold records of a run of an earlier version, which read start times from /proc by hand.
+    Their PID:TICKS names the same process as now: the service a dead run left is stopped. A PID: (no start time,
+    written where there was no /proc) cannot be told from a process that took the pid since: the record is
+    forgotten and nothing it names is signalled."""
+    from components.launch.process import ProcessRef, reap_leases
+
+    folder = tmp_path / "services"
+    folder.mkdir()
+    owner, live, left, stranger = _sleeper(), _sleeper(), *(_sleeper(start_new_session=True) for _ in range(2))
+    try:
+        assert ProcessRef.parse(f"{live.pid}:{_ticks_by_hand(live.pid)}") == ProcessRef.of(live.pid)
+        (folder / "left.json").write_text(json.dumps({"service": f"{left.pid}:{_ticks_by_hand(left.pid)}",
+                                                      "owner": f"{owner.pid}:{_ticks_by_hand(owner.pid)}"}))
+        (folder / "unknown.json").write_text(json.dumps({"service": f"{stranger.pid}:", "owner": f"{live.pid}:"}))
+        with pytest.raises(ValueError):
+            ProcessRef.parse(f"{live.pid}:")
+        owner.kill()
+        owner.wait()
+        lines: list[str] = []
+        reap_leases(folder, lines.append)
+        assert lines == [f"stopping left (process group {left.pid}), left running by pid {owner.pid}, which is gone"]
+        assert left.wait(timeout=10) == -signal.SIGTERM
+        assert live.poll() is None and stranger.poll() is None and not list(folder.iterdir())
+    finally:
+        for proc in (owner, live, left, stranger):
+            proc.kill()
+            proc.wait()
 
 
 # A step of a local run, as the train step is with its Ray: it leaves the run's session and starts a process that
