@@ -9,13 +9,16 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register, section_of
+from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, MicroBatch, Update, register, section_of
 
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import Rollout, SamplerSettings
-    from components.flowgrpo.update import Optimization
+    from components.flowgrpo.rollout import SamplerSettings
+
+# also logged per sampler step, e.g. update/clipfrac/step3: under update/ because MLflow shows metric sections in
+# name order, and reward/ must come first
+PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")
 
 
 class FlowGRPOConfig(AlgorithmConfig):
@@ -59,9 +62,37 @@ class FlowGRPO(Algorithm):
         sde_steps, train_steps = plan_steps(s.num_steps, self.config.train.timestep_fraction, window)
         return self._sampler(sde_steps, train_steps)
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
-               generator: torch.Generator, optim: Optimization) -> dict[str, float]:
-        from components.flowgrpo.update import policy_update
+    def prepare(self, update: Update, indices: torch.Tensor) -> MicroBatch:
+        return MicroBatch(update, indices, terms=range(update.rollout.log_probs.shape[1]))  # its trained steps
 
-        return policy_update(self.model, rollout, advantages, sampler, generator, optim, self.config.train,
-                             self.training_guidance(), guard_mean_shift=self.section.guard_mean_shift)
+    def loss(self, batch: MicroBatch, term: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped policy gradient on the stored transition of trained step ``term`` (section 6), with the KL
+        to the base model under train.beta and GRPO-Guard's ratio under train.grpo_guard."""
+        import torch
+
+        from components.flowgrpo.loss import GuardTerms, flow_grpo_loss
+        from components.flowgrpo.rollout import step_log_prob
+
+        update, train, model = batch.update, self.config.train, self.model
+        rollout, sampler, t = update.rollout, update.sampler, term
+        log_prob, mean, std_dev_t = step_log_prob(model, rollout, batch.rows, t, sampler, update.guidance,
+                                                  cond=batch.cond, uncond_grad=train.cfg_uncond_grad)
+        ref_mean = None
+        if train.beta > 0:
+            with torch.no_grad(), model.adapter_disabled():
+                _, ref_mean, _ = step_log_prob(model, rollout, batch.rows, t, sampler, update.guidance,
+                                               cond=batch.cond)
+        guard = None
+        if train.grpo_guard:
+            sigma, sigma_next = rollout.levels[t]
+            guard = GuardTerms(old_mean=rollout.means[batch.rows, t], dt=sigma - sigma_next,
+                               noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
+                               mean_shift=self.section.guard_mean_shift)
+        loss, metrics = flow_grpo_loss(
+            log_prob, rollout.log_probs[batch.rows, t], batch.advantages, clip_range=train.clip_range,
+            adv_clip_max=train.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=train.beta,
+            guard=guard,
+        )
+        step = sampler.train_steps[t]
+        return loss, {key: value for k, value in metrics.items()
+                      for key in ((k, f"update/{k}/step{step}") if k in PER_STEP_METRICS else (k,))}

@@ -113,23 +113,14 @@ def test_an_sde_window_under_an_ode_algorithm_is_a_note_not_an_error():
     assert algorithm_notes(load_config(TINY, ["train.algorithm=flow_grpo", *window])) == []
 
 
-def test_flow_grpo_hands_its_guard_mean_shift_to_the_update_and_notes_it_unread(monkeypatch):
-    """train.flow_grpo.guard_mean_shift reaches policy_update; without train.grpo_guard it is read by nothing, and
-    FlowGRPO says so."""
-    from types import SimpleNamespace
-
-    import components.flowgrpo.update as update
-    from components.algorithms.flow_grpo import FlowGRPO
+def test_flow_grpo_notes_its_guard_mean_shift_unread_without_the_guard():
+    """train.flow_grpo.guard_mean_shift is read with train.grpo_guard (tests/integration/test_update_fidelity.py);
+    without it by nothing, and FlowGRPO says so."""
     from components.trainer.config import algorithm_notes
 
-    seen = {}
-    monkeypatch.setattr(update, "policy_update", lambda *args, **kwargs: seen.update(kwargs) or {})
-    model = SimpleNamespace(training_guidance_scale=lambda scale, train_cfg: 1.0)
     for shift in ("sample", "batch"):
-        config = load_config(TINY, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"])
-        FlowGRPO(config, model, []).update(None, None, None, None, None)
-        assert seen["guard_mean_shift"] == shift
-        assert algorithm_notes(config) == []
+        assert algorithm_notes(load_config(TINY, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"]
+                                           )) == []
     assert algorithm_notes(load_config(TINY, ["train.flow_grpo.guard_mean_shift=batch"])) == [
         "train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
 
