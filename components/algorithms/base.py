@@ -107,6 +107,12 @@ class Algorithm(ABC):
                              f"{cls.name} (train.algorithm {cls.key}) has none; remove it")
         return notes
 
+    @classmethod
+    def section_keys(cls) -> list[str]:
+        """The `train.<key>` sections it reads: its own, then those of the algorithms it is built on (MixGRPO reads
+        FlowGRPO's)."""
+        return [c.key for c in cls.__mro__ if "key" in vars(c)]
+
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
         """Epoch ``epoch``'s sampler (``generator``: the epoch's, for anything drawn once per epoch). By default ODE
         rollouts: every step Euler, only the final, clean latent kept; an algorithm scoring SDE steps overrides it."""
@@ -238,6 +244,22 @@ def algorithm_class(key: str) -> type[Algorithm]:
 def section_of(config: JobConfig) -> AlgorithmConfig:
     """The selected algorithm's section of ``config`` (its defaults where the config names none)."""
     return getattr(config.train, config.train.algorithm)
+
+
+def unread_section_notes(config: JobConfig) -> list[str]:
+    """A note for each section of an algorithm the run does not read that sets a key to other than its default (a
+    config may carry every algorithm's section, as tiny-cpu.yaml does with their defaults, so that one override
+    switches algorithm; a setting changed there is one the user may expect to act)."""
+    read = algorithm_class(config.train.algorithm).section_keys()
+    notes = []
+    for key in algorithms().keys() - read:
+        section = getattr(config.train, key)
+        changed = [f"train.{key}.{name}" for name in sorted(section.model_fields_set)
+                   if getattr(section, name) != section.default_of(name)]
+        if changed:
+            notes.append(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not used: train.algorithm "
+                         f"is {config.train.algorithm}, which reads {', '.join(f'train.{k}' for k in read)}")
+    return notes
 
 
 def algorithm_name(config: JobConfig) -> str:

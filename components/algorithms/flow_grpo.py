@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, MicroBatch, Update, register, section_of
+from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, MicroBatch, Update, register
 
 if TYPE_CHECKING:
     import torch
@@ -22,7 +22,8 @@ PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")
 
 
 class FlowGRPOConfig(AlgorithmConfig):
-    """FlowGRPO's own settings (`train.flow_grpo`), beside `train:`'s shared policy-gradient keys."""
+    """FlowGRPO's own settings (`train.flow_grpo`), beside `train:`'s shared policy-gradient keys; the algorithms
+    built on FlowGRPO (MixGRPO) read them too."""
 
     guard_mean_shift: Literal["sample", "batch"] = Field(
         default="sample",
@@ -44,8 +45,8 @@ class FlowGRPO(Algorithm):
         if config.train.grpo_guard and config.sampling.sde_type not in ("sde", "dance"):
             raise ValueError("train.grpo_guard normalises the ratio of the SDE step's Gaussian: it needs "
                              f"sampling.sde_type sde or dance (got {config.sampling.sde_type})")
-        if section_of(config).guard_mean_shift != "sample" and not config.train.grpo_guard:
-            return [f"train.{cls.key}.guard_mean_shift is not used: train.grpo_guard is false"]
+        if config.train.flow_grpo.guard_mean_shift != "sample" and not config.train.grpo_guard:
+            return ["train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
         return []
 
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
@@ -87,7 +88,7 @@ class FlowGRPO(Algorithm):
             sigma, sigma_next = rollout.levels[t]
             guard = GuardTerms(old_mean=rollout.means[batch.rows, t], dt=sigma - sigma_next,
                                noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
-                               mean_shift=self.section.guard_mean_shift)
+                               mean_shift=self.config.train.flow_grpo.guard_mean_shift)
         loss, metrics = flow_grpo_loss(
             log_prob, rollout.log_probs[batch.rows, t], batch.advantages, clip_range=train.clip_range,
             adv_clip_max=train.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=train.beta,

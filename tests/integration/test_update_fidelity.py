@@ -100,16 +100,19 @@ def test_skipping_zero_advantages_is_the_update_on_the_nonzero_samples_alone_wit
     assert metrics["trained_fraction"] == 0.5 and every_metrics["trained_fraction"] == 1.0
 
 
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "mix_grpo"])
 @pytest.mark.parametrize("shift", ["sample", "batch"])
-def test_flow_grpo_hands_its_guard_mean_shift_to_the_guarded_loss(monkeypatch, shift):
-    """With train.grpo_guard every loss of the update takes train.flow_grpo.guard_mean_shift."""
+def test_flow_grpo_and_mix_grpo_hand_its_guard_mean_shift_to_the_guarded_loss(monkeypatch, algorithm, shift):
+    """With train.grpo_guard every loss of the update takes train.flow_grpo.guard_mean_shift, MixGRPO's too (it is
+    FlowGRPO's key; MixGRPO read a copy of it in its own section, and the documented key was silently lost)."""
     import components.flowgrpo.loss as loss
 
     model, params, settings, rollout = _rollout(keep_means=True)
     seen, real = [], loss.flow_grpo_loss
     monkeypatch.setattr(loss, "flow_grpo_loss", lambda *args, **kwargs: seen.append(kwargs["guard"].mean_shift) or real(
         *args, **kwargs))
-    config = load_config(TINY_CONFIG, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"])
+    config = load_config(TINY_CONFIG, [f"train.algorithm={algorithm}", "train.grpo_guard=true",
+                                       f"train.flow_grpo.guard_mean_shift={shift}"])
     algorithm = algorithm_on(model, params, config)
     algorithm.update(rollout, ADVANTAGES, settings, torch.Generator().manual_seed(1),
                      Optimization(torch.optim.SGD(params, lr=0.0), params, 1.0))

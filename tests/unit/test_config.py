@@ -125,6 +125,26 @@ def test_flow_grpo_notes_its_guard_mean_shift_unread_without_the_guard():
         "train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
 
 
+def test_a_changed_key_in_the_section_of_an_algorithm_the_run_does_not_read_is_a_note():
+    """A config may carry every algorithm's section (tiny-cpu.yaml spells two at their defaults: no note); a key
+    changed in one the selected algorithm does not read would otherwise be silently inert."""
+    from components.trainer.config import algorithm_notes
+
+    assert algorithm_notes(load_config(TINY, [])) == []
+    assert algorithm_notes(load_config(TINY, ["train.diffusion_nft.beta=2", "train.diffusion_nft.max_decay=0.2",
+                                              "train.diffusion_nft.decay_rate=0.001"])) == [
+        "train.diffusion_nft.beta, train.diffusion_nft.max_decay are not used: train.algorithm is flow_grpo, which "
+        "reads train.flow_grpo"]
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=diffusion_nft", "train.mix_grpo.window_size=2"])) == [
+        "train.mix_grpo.window_size is not used: train.algorithm is diffusion_nft, which reads train.diffusion_nft"]
+    # MixGRPO is built on FlowGRPO and reads its section as well as its own
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=mix_grpo", "train.grpo_guard=true",
+                                              "train.flow_grpo.guard_mean_shift=batch"])) == []
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=flow_grpo", "train.grpo_guard=true",
+                                              "train.mix_grpo.stride=2"])) == [
+        "train.mix_grpo.stride is not used: train.algorithm is flow_grpo, which reads train.flow_grpo"]
+
+
 def test_duplicate_reward_is_rejected(tmp_path):
     path = _write(tmp_path, "rewards:\n  - name: brightness\n  - name: brightness\n")
     with pytest.raises(ConfigError, match=r"rewards\.1: reward 'brightness' is listed twice"):
