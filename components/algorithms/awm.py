@@ -166,7 +166,7 @@ class AWM(Algorithm):
         # the EMA anchor of the KL term follows the trained weights as DiffusionNFT's old policy does
         self.anchor = OldPolicy(params, self.section)
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         """The ratio's old policy is the one that sampled the rollout: until the update's first optimizer step the
         trained forward's own value (detached), after it a forward under the weights the update started with."""
@@ -174,7 +174,7 @@ class AWM(Algorithm):
 
         self.noise = noise_generator(generator, self.model.device)
         self.first_step, self.sampled_with = optim.step, [p.detach().clone() for p in optim.params]
-        metrics = super().update(rollout, advantages, sampler, generator, optim)
+        metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
         metrics["awm/ema_decay"] = self.anchor.update(self.params, optim.step)
         return metrics
 

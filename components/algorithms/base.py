@@ -43,7 +43,9 @@ class Update:
     """One epoch's update on this worker, as `Algorithm.update` hands it to the algorithm's hooks."""
 
     rollout: Rollout
-    advantages: torch.Tensor  # this worker's, on the CPU: the micro-batches are drawn there
+    rewards: torch.Tensor  # this worker's samples' combined rewards (reward_aggregation's weighted sum), NaN where
+    # one failed; on the CPU
+    advantages: torch.Tensor  # theirs, on the CPU: the micro-batches are drawn there
     device_advantages: torch.Tensor  # the same on the model's device
     sampler: SamplerSettings
     generator: torch.Generator  # the epoch's: the micro-batches' order, an algorithm's noise levels
@@ -118,9 +120,10 @@ class Algorithm(ABC):
         rollouts: every step Euler, only the final, clean latent kept; an algorithm scoring SDE steps overrides it."""
         return self._sampler((), ())
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
-        """Train on this worker's ``rollout`` and its advantages, stepping with ``optim``; returns mean metrics.
+        """Train on this worker's ``rollout``, its rewards and advantages, stepping with ``optim``; returns mean
+        metrics.
 
         The loop every algorithm shares: ``train.inner_epochs`` passes over the algorithm's `micro_batches`, each
         `prepare`d, then its `loss` for each of its terms, scaled and backpropagated at once. Gradients accumulate
@@ -131,7 +134,7 @@ class Algorithm(ABC):
         from components.flowgrpo.update import MetricMeans
 
         train = self.config.train
-        update = Update(rollout, advantages, advantages.to(self.model.device), sampler, generator, optim,
+        update = Update(rollout, rewards, advantages, advantages.to(self.model.device), sampler, generator, optim,
                         self.training_guidance())
         means, trained = MetricMeans(), 0
         self.model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward

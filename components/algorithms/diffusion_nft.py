@@ -80,12 +80,12 @@ class DiffusionNFT(Algorithm):
     def sampling_weights(self) -> contextlib.AbstractContextManager[None]:
         return self.old.applied(self.params)
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         from components.flowgrpo.update import noise_generator
 
         self.noise = noise_generator(generator, self.model.device)
-        metrics = super().update(rollout, advantages, sampler, generator, optim)
+        metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
         metrics["nft/old_decay"] = self.old.update(self.params, optim.step)
         return metrics
 

@@ -1,5 +1,5 @@
 """Online DPO (docs/ALGORITHM.md section 14): ODE rollouts sampled by the trained weights; in each group the best
-and the worst sample by advantage make a preference pair, trained with Diffusion-DPO's loss on flow matching: the
+and the worst sample by reward make a preference pair, trained with Diffusion-DPO's loss on flow matching: the
 winner's and the loser's flow-matching errors under the policy minus under the reference (the base model, the
 adapter disabled), at a shared noise level and noise, through ``-log sigmoid(-beta / 2 (w_diff - l_diff))``."""
 
@@ -66,25 +66,24 @@ def dpo_loss(
     return loss, metrics
 
 
-def preference_pairs(prompt_index: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def preference_pairs(prompt_index: torch.Tensor, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The (winner, loser) sample indices, one pair per group (``prompt_index``): the first sample with the group's
-    highest advantage and the first with its lowest, groups in increasing index. A group whose highest advantage
-    equals its lowest (one sample, equal rewards, a zero-std or failed group) has no preference and gives no pair;
-    their number is returned third."""
+    highest reward and the first with its lowest, groups in increasing index, ranked by the rewards themselves as the
+    authors do (a clipped advantage can tie two samples whose rewards differ); a failed (non-finite) reward is no
+    candidate. A group whose highest reward equals its lowest (one sample, equal rewards, all failed) has no
+    preference and gives no pair; their number is returned third."""
     import torch
 
-    groups = prompt_index.cpu()
-    adv = advantages.cpu()
+    groups, r = prompt_index.cpu(), rewards.cpu()
     winners, losers, unpaired = [], [], 0
     for group in torch.unique(groups).tolist():
-        members = (groups == group).nonzero().flatten()
-        values = adv[members]
-        best, worst = int(torch.argmax(values)), int(torch.argmin(values))
-        if values[best] == values[worst]:
+        members = ((groups == group) & torch.isfinite(r)).nonzero().flatten()
+        values = r[members]
+        if len(members) < 2 or values.max() == values.min():
             unpaired += 1
             continue
-        winners.append(int(members[best]))
-        losers.append(int(members[worst]))
+        winners.append(int(members[torch.argmax(values)]))
+        losers.append(int(members[torch.argmin(values)]))
     return torch.tensor(winners, dtype=torch.long), torch.tensor(losers, dtype=torch.long), unpaired
 
 
@@ -110,7 +109,7 @@ class DPO(Algorithm):
                          "sets its strength)")
         return notes
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         """Train on this worker's pairs; returns mean metrics.
 
@@ -124,11 +123,11 @@ class DPO(Algorithm):
 
         from components.flowgrpo.update import noise_generator
 
-        self.winners, self.losers, unpaired = preference_pairs(rollout.prompt_index, advantages)
+        self.winners, self.losers, unpaired = preference_pairs(rollout.prompt_index, rewards)
         per_batch = max(1, self.config.train.batch_size_per_worker // 2)
         self.batch_count = math.ceil(len(torch.unique(rollout.prompt_index)) / per_batch)
         self.noise = noise_generator(generator, self.model.device)
-        metrics = super().update(rollout, advantages, sampler, generator, optim)
+        metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
         metrics.update({"dpo/pairs": float(len(self.winners)), "dpo/unpaired_groups": float(unpaired)})
         return metrics
 

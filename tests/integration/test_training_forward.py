@@ -144,7 +144,7 @@ def test_host_reads_per_rollout_and_update_do_not_grow_with_the_steps(kind):
         with _HostReads() as sampling:
             rollout = sample_rollout(model, prompts, 2, 4, settings, torch.Generator().manual_seed(0), embeds=embeds)
         with _HostReads() as training:
-            algorithm.update(rollout, torch.randn(4), settings, torch.Generator().manual_seed(0),
+            algorithm.update(rollout, torch.randn(4), torch.randn(4), settings, torch.Generator().manual_seed(0),
                              Optimization(optimizer, params, 1.0))
         reads[steps] = (sampling.ops, training.ops)
     assert reads[3] == reads[6], reads
