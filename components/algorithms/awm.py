@@ -31,6 +31,9 @@ Weighting = Literal["ghuber", "uniform", "t", "t2", "huber"]
 TimeSampling = Literal["discrete_wo_init", "discrete"]
 HUBER_EPS = 1e-10  # the authors' floor under the squared error before a root or power
 HUBER_SHIFT = 1e-5  # and the huber weighting's offset
+# the authors' recipe in the keys AWM shares with every algorithm: `recipe_departures` names the others' defaults
+RECIPE_TIMESTEP_FRACTION = 0.9
+RECIPE_BETAS = "0.001 GenEval, 0.003 OCR, 1e-4 PickScore"
 
 
 class AWMConfig(AlgorithmConfig):
@@ -143,6 +146,27 @@ def awm_loss(
     return loss, metrics
 
 
+def recipe_departures(config: JobConfig) -> list[str]:
+    """One note naming the settings AWM shares with every algorithm (`train:`'s, so their defaults are not AWM's)
+    in which the run departs from the authors' recipe (docs/ALGORITHM.md section 11); none where it follows it."""
+    t, s = config.train, config.sampling
+    micro_batches = s.prompts_per_epoch * s.group_size // t.batch_size_per_worker
+    steps = micro_batches // t.gradient_accumulation_steps
+    departures = []
+    if t.timestep_fraction != RECIPE_TIMESTEP_FRACTION:
+        departures.append(f"train.timestep_fraction {t.timestep_fraction} (theirs {RECIPE_TIMESTEP_FRACTION})")
+    if t.beta == 0:
+        departures.append(f"train.beta 0, no KL to the base model (theirs {RECIPE_BETAS})")
+    if t.skip_zero_advantage:
+        departures.append("train.skip_zero_advantage true (they train every sample: false)")
+    if steps > 1:
+        departures.append(f"{steps} optimizer steps an epoch on one worker (theirs 1: "
+                          f"train.gradient_accumulation_steps {micro_batches}, the epoch's micro-batches)")
+    if not departures:
+        return []
+    return ["AWM departs from its authors' recipe (docs/ALGORITHM.md section 11) in " + "; ".join(departures)]
+
+
 @register("awm")
 class AWM(Algorithm):
     name = "AWM"
@@ -159,7 +183,7 @@ class AWM(Algorithm):
                              f"{lo}..int(sampling.num_steps * train.timestep_fraction) - 1, none here "
                              f"(int({config.sampling.num_steps} * {config.train.timestep_fraction}) = {hi}): raise "
                              f"either, or use time_sampling discrete")
-        return notes
+        return notes + recipe_departures(config)
 
     def __init__(self, config: JobConfig, model: FlowMatchingModel, params: list[torch.nn.Parameter]) -> None:
         super().__init__(config, model, params)
