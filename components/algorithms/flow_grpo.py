@@ -88,7 +88,7 @@ class FlowGRPO(Algorithm):
             sigma, sigma_next = rollout.levels[t]
             guard = GuardTerms(old_mean=rollout.means[batch.rows, t], dt=sigma - sigma_next,
                                noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
-                               mean_shift=self.config.train.flow_grpo.guard_mean_shift)
+                               mean_shift=train.flow_grpo.guard_mean_shift)
         loss, metrics = flow_grpo_loss(
             log_prob, rollout.log_probs[batch.rows, t], batch.advantages, clip_range=train.clip_range,
             adv_clip_max=train.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t, beta=train.beta,
