@@ -1,16 +1,20 @@
-"""What the trainer tests of each algorithm share: a run resumed halfway beside the same run uninterrupted, and a
-run on 2 workers with its frozen weights sharded beside the same run unsharded."""
+"""What the trainer tests of each algorithm share: a run resumed halfway beside the same run uninterrupted, a
+run on 2 workers with its frozen weights sharded beside the same run unsharded, and an algorithm built on a model
+with a test's own settings."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from process_group import run_in_process_group, train_tiny
 from safetensors.torch import load_file
 
+from components.algorithms.base import Algorithm, build_algorithm
 from components.trainer import checkpoint as ckpt
+from components.trainer.config import TrainingJobConfig
 from components.trainer.loop import TrainResult
 from components.trainer.training_run import train
 
@@ -50,3 +54,12 @@ def sharded_beside_plain(root: Path, overrides: list[str]) -> None:
     assert plain.keys() == sharded.keys()
     assert all(torch.allclose(plain[k], sharded[k], rtol=1e-5, atol=1e-7) for k in plain)
     assert any(float(v.abs().max()) > 1e-4 for v in sharded.values())  # it did train
+
+
+def algorithm_on(model: Any, params: list[torch.Tensor], config: TrainingJobConfig, guidance_scale: float = 1.0,
+                 **train: Any) -> Algorithm:
+    """``config``'s algorithm on ``model`` with ``train`` changing its `train:` settings and ``guidance_scale`` its
+    sampling's, unvalidated: a test's own rollout need not be an epoch of the config."""
+    sampling = config.sampling.model_copy(update={"guidance_scale": guidance_scale})
+    changed = config.model_copy(update={"train": config.train.model_copy(update=train), "sampling": sampling})
+    return build_algorithm(changed, model, params)

@@ -9,21 +9,31 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register, section_of
+from components.algorithms.base import (
+    Algorithm,
+    AlgorithmConfig,
+    JobConfig,
+    MicroBatch,
+    Update,
+    register,
+    section_of,
+)
 from components.algorithms.diffusion_nft import MAX_STEPS, OldPolicy
 
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.config import TrainConfig
     from components.flowgrpo.rollout import Rollout, SamplerSettings
     from components.flowgrpo.update import Optimization
-    from components.models.base import FlowMatchingModel, PromptEmbeddings
+    from components.models.base import FlowMatchingModel
 
 Weighting = Literal["ghuber", "uniform", "t", "t2", "huber"]
 TimeSampling = Literal["discrete_wo_init", "discrete"]
 HUBER_EPS = 1e-10  # the authors' floor under the squared error before a root or power
 HUBER_SHIFT = 1e-5  # and the huber weighting's offset
+# the authors' recipe in the keys AWM shares with every algorithm: `recipe_departures` names the others' defaults
+RECIPE_TIMESTEP_FRACTION = 0.9
+RECIPE_BETAS = "0.001 GenEval, 0.003 OCR, 1e-4 PickScore"
 
 
 class AWMConfig(AlgorithmConfig):
@@ -136,6 +146,27 @@ def awm_loss(
     return loss, metrics
 
 
+def recipe_departures(config: JobConfig) -> list[str]:
+    """One note naming the settings AWM shares with every algorithm (`train:`'s, so their defaults are not AWM's)
+    in which the run departs from the authors' recipe (docs/ALGORITHM.md section 11); none where it follows it."""
+    t, s = config.train, config.sampling
+    micro_batches = s.prompts_per_epoch * s.group_size // t.batch_size_per_worker
+    steps = micro_batches // t.gradient_accumulation_steps
+    departures = []
+    if t.timestep_fraction != RECIPE_TIMESTEP_FRACTION:
+        departures.append(f"train.timestep_fraction {t.timestep_fraction} (theirs {RECIPE_TIMESTEP_FRACTION})")
+    if t.beta == 0:
+        departures.append(f"train.beta 0, no KL to the base model (theirs {RECIPE_BETAS})")
+    if t.skip_zero_advantage:
+        departures.append("train.skip_zero_advantage true (they train every sample: false)")
+    if steps > 1:
+        departures.append(f"{steps} optimizer steps an epoch on one worker (theirs 1: "
+                          f"train.gradient_accumulation_steps {micro_batches}, the epoch's micro-batches)")
+    if not departures:
+        return []
+    return ["AWM departs from its authors' recipe (docs/ALGORITHM.md section 11) in " + "; ".join(departures)]
+
+
 @register("awm")
 class AWM(Algorithm):
     name = "AWM"
@@ -152,107 +183,76 @@ class AWM(Algorithm):
                              f"{lo}..int(sampling.num_steps * train.timestep_fraction) - 1, none here "
                              f"(int({config.sampling.num_steps} * {config.train.timestep_fraction}) = {hi}): raise "
                              f"either, or use time_sampling discrete")
-        return notes
+        return notes + recipe_departures(config)
 
     def __init__(self, config: JobConfig, model: FlowMatchingModel, params: list[torch.nn.Parameter]) -> None:
         super().__init__(config, model, params)
         # the EMA anchor of the KL term follows the trained weights as DiffusionNFT's old policy does
         self.anchor = OldPolicy(params, self.section)
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
-        metrics = awm_update(self.model, rollout, advantages, sampler, generator, optim, self.anchor,
-                             self.config.train, self.section, self.training_guidance())
+        """The ratio's old policy is the one that sampled the rollout: until the update's first optimizer step the
+        trained forward's own value (detached), after it a forward under the weights the update started with."""
+        from components.flowgrpo.update import noise_generator
+
+        self.noise = noise_generator(generator, self.model.device)
+        self.first_step, self.sampled_with = optim.step, [p.detach().clone() for p in optim.params]
+        metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
         metrics["awm/ema_decay"] = self.anchor.update(self.params, optim.step)
         return metrics
+
+    def prepare(self, update: Update, indices: torch.Tensor) -> MicroBatch:
+        """``train_timesteps`` noise levels (``level_indices``) and a noise per level and sample; the no-grad
+        forwards (old, adapter-disabled with ``train.beta``, EMA anchor with ``ema_kl_weight``) under one weight
+        swap each. A term: (noised latents, noise, level, old log-prob, reference velocity, anchor velocity), each
+        of the last three None where not computed."""
+        import torch
+
+        from components.flowgrpo.ema import weights_applied
+        from components.flowgrpo.nft import forward_noise
+
+        train, section, model, sampler = self.config.train, self.section, self.model, update.sampler
+        batch = MicroBatch(update, indices)
+        grid = model.sigmas(sampler.num_steps, sampler.resolution)[:-1].tolist()  # the terminal 0 is the clean one
+        x0 = batch.x0
+        levels = [grid[j] for j in level_indices(sampler.num_steps, train.timestep_fraction, section.train_timesteps,
+                                                 section.time_sampling, update.generator)]
+        noises = [torch.randn(x0.shape, generator=self.noise, device=model.device, dtype=x0.dtype) for _ in levels]
+        noised = [forward_noise(x0, eps, t) for eps, t in zip(noises, levels, strict=True)]
+
+        def velocities() -> list[torch.Tensor]:
+            return [model.predict_velocity(x, t, batch.cond, update.guidance) for x, t in zip(
+                noised, levels, strict=True)]
+
+        none: list[torch.Tensor | None] = [None] * len(levels)
+        old_log_probs, v_ref, v_ema = none, none, none
+        with torch.no_grad():
+            if update.optim.step > self.first_step:
+                with weights_applied(self.params, self.sampled_with):
+                    old_log_probs = [matching_log_prob(v, eps - x0, t, section.weighting, section.ghuber_power)
+                                     for v, eps, t in zip(velocities(), noises, levels, strict=True)]
+            if train.beta > 0:
+                with model.adapter_disabled():
+                    v_ref = velocities()
+            if section.ema_kl_weight > 0:
+                with self.anchor.applied(self.params):
+                    v_ema = velocities()
+        batch.terms = list(zip(noised, noises, levels, old_log_probs, v_ref, v_ema, strict=True))
+        return batch
+
+    def loss(self, batch: MicroBatch, term: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        train, section = self.config.train, self.section
+        x_t, eps, t, old, v_ref, v_ema = term
+        v = self.model.predict_velocity(x_t, t, batch.cond, batch.update.guidance)
+        log_prob = matching_log_prob(v, eps - batch.x0, t, section.weighting, section.ghuber_power)
+        return awm_loss(log_prob, log_prob.detach() if old is None else old, batch.advantages,
+                        clip_range=train.clip_range, adv_clip_max=train.adv_clip_max,
+                        advantage_max=section.advantage_max, v=v, v_ref=v_ref, kl_weight=train.beta, v_ema=v_ema,
+                        ema_kl_weight=section.ema_kl_weight)
 
     def state_dict(self) -> dict | None:
         return self.anchor.state_dict()
 
     def load_state_dict(self, state: dict | None) -> None:
         self.anchor.load_state_dict(state, "AWM EMA anchor")
-
-
-def awm_update(
-    model: FlowMatchingModel,
-    rollout: Rollout,
-    advantages: torch.Tensor,
-    sampler: SamplerSettings,
-    generator: torch.Generator,
-    optim: Optimization,
-    anchor: OldPolicy,
-    train: TrainConfig,
-    section: AWMConfig,
-    guidance_scale: float,
-) -> dict[str, float]:
-    """Train on the rollout's clean latents; returns mean metrics.
-
-    Each micro-batch draws ``section.train_timesteps`` noise levels (``level_indices``) and a noise per level and
-    sample. The ratio's old policy is the one that sampled the rollout: until the update's first optimizer step
-    the trained forward's own value (detached), after it a forward under the weights the update started with.
-    The no-grad forwards (old, adapter-disabled with ``train.beta``, EMA anchor with ``ema_kl_weight``) come first
-    under one weight swap each, then the trained forward and backward per level. Gradients accumulate over the
-    levels of ``train.gradient_accumulation_steps`` micro-batches per optimizer step."""
-    import torch
-
-    from components.flowgrpo.ema import weights_applied
-    from components.flowgrpo.nft import forward_noise
-    from components.flowgrpo.update import MetricMeans, micro_batches
-
-    grid = model.sigmas(sampler.num_steps, sampler.resolution)[:-1].tolist()  # the terminal 0 is the clean sample
-    scale = 1.0 / (section.train_timesteps * train.gradient_accumulation_steps)
-    device = model.device
-    noise_gen = torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-    x0_all = rollout.trajectory[:, -1]
-    device_advantages = advantages.to(device)
-    first_step = optim.step
-    sampled_with = [p.detach().clone() for p in optim.params]
-    means = MetricMeans()
-    trained = 0
-
-    def velocities(noised: list[torch.Tensor], levels: list[float], cond: PromptEmbeddings) -> list[torch.Tensor]:
-        return [model.predict_velocity(x, t, cond, guidance_scale) for x, t in zip(noised, levels, strict=True)]
-
-    model.transformer.train(False)  # dropout off, as in sampling
-    for _ in range(train.inner_epochs):
-        batches = micro_batches(advantages, train.batch_size_per_worker, train.skip_zero_advantage, generator)
-        trained += sum(len(b) for b in batches)
-        for i, idx in enumerate(batches):
-            idx = idx.to(rollout.prompt_index.device)
-            cond = rollout.embeds.select(rollout.prompt_index[idx])
-            x0 = x0_all[idx]
-            levels = [grid[j] for j in level_indices(sampler.num_steps, train.timestep_fraction,
-                                                     section.train_timesteps, section.time_sampling, generator)]
-            noises = [torch.randn(x0.shape, generator=noise_gen, device=device, dtype=x0.dtype) for _ in levels]
-            noised = [forward_noise(x0, eps, t) for eps, t in zip(noises, levels, strict=True)]
-            none: list[torch.Tensor | None] = [None] * len(levels)
-            old_log_probs, v_ref, v_ema = none, none, none
-            with torch.no_grad():
-                if optim.step > first_step:
-                    with weights_applied(optim.params, sampled_with):
-                        old_log_probs = [
-                            matching_log_prob(v, eps - x0, t, section.weighting, section.ghuber_power)
-                            for v, eps, t in zip(velocities(noised, levels, cond), noises, levels, strict=True)]
-                if train.beta > 0:
-                    with model.adapter_disabled():
-                        v_ref = velocities(noised, levels, cond)
-                if section.ema_kl_weight > 0:
-                    with anchor.applied(optim.params):
-                        v_ema = velocities(noised, levels, cond)
-            for k, (x_t, eps, t) in enumerate(zip(noised, noises, levels, strict=True)):
-                v = model.predict_velocity(x_t, t, cond, guidance_scale)
-                log_prob = matching_log_prob(v, eps - x0, t, section.weighting, section.ghuber_power)
-                old = old_log_probs[k]
-                loss, metrics = awm_loss(
-                    log_prob, log_prob.detach() if old is None else old, device_advantages[idx],
-                    clip_range=train.clip_range, adv_clip_max=train.adv_clip_max,
-                    advantage_max=section.advantage_max, v=v, v_ref=v_ref[k], kl_weight=train.beta,
-                    v_ema=v_ema[k], ema_kl_weight=section.ema_kl_weight)
-                (loss * scale).backward()
-                for key, value in metrics.items():
-                    means.add(key, value)
-            if (i + 1) % train.gradient_accumulation_steps == 0:
-                optim.apply(means)
-    metrics = means.result()
-    metrics["trained_fraction"] = trained / (len(rollout) * train.inner_epochs)
-    return metrics

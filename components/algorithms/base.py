@@ -1,7 +1,8 @@
 """The algorithm seam: what a training algorithm decides in an epoch (how the rollouts are sampled and by which
-weights, how the policy is updated from them and their advantages), its config section and its registration.
-Sampling, scoring, advantages, Ray Train, sharding, checkpoints and tracking are the trainer's, the same for every
-algorithm. docs/DESIGN.md, "Adding an algorithm", says how to add one.
+weights, how a micro-batch of them is prepared and its loss), its config section and its registration.
+Sampling, scoring, advantages, Ray Train, sharding, checkpoints and tracking are the trainer's, and the update's
+loop (inner epochs, micro-batches, gradient accumulation, the optimizer step, metric means) is `Algorithm.update`'s,
+the same for every algorithm. docs/DESIGN.md, "Adding an algorithm", says how to add one.
 
 An algorithm module's top level imports no torch: the light pipeline steps validate configs (each algorithm's
 section among them) in an image without it. Torch and the trainer's helpers are imported where they are used.
@@ -14,7 +15,8 @@ import functools
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from components.config_base import Section
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
     from components.flowgrpo.rollout import Rollout, SamplerSettings
     from components.flowgrpo.update import Optimization
-    from components.models.base import FlowMatchingModel
+    from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 # components.trainer.config.TrainingJobConfig, a layer above this one: `.train`, `.sampling`, `.model`, `.seed`
 JobConfig = Any
@@ -34,6 +36,52 @@ _NOT_ALGORITHMS = {"base"}
 
 class AlgorithmConfig(Section):
     """An algorithm's own section, ``train.<key>``: the settings no other algorithm reads."""
+
+
+@dataclass
+class Update:
+    """One epoch's update on this worker, as `Algorithm.update` hands it to the algorithm's hooks."""
+
+    rollout: Rollout
+    rewards: torch.Tensor  # this worker's samples' combined rewards (reward_aggregation's weighted sum), NaN where
+    # one failed; on the CPU
+    advantages: torch.Tensor  # theirs, on the CPU: the micro-batches are drawn there
+    device_advantages: torch.Tensor  # the same on the model's device
+    sampler: SamplerSettings
+    generator: torch.Generator  # the epoch's: the micro-batches' order, an algorithm's noise levels
+    optim: Optimization
+    guidance: float  # the training forward's guidance scale
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch, as an algorithm's `prepare` made it for its `loss`."""
+
+    update: Update
+    rows: torch.Tensor  # its samples in the rollout (moved to the rollout's device)
+    # what `loss` gets for each trained forward, each loss backpropagated before the next forward: by default one,
+    # numbered 0; FlowGRPO's are its steps, the flow-matching algorithms' their noise levels with their no-grad
+    # forwards
+    terms: Sequence[Any] = range(1)
+    weight: float = 1.0  # its losses' weight; 0: a placeholder that keeps the workers' forwards and steps in line
+
+    def __post_init__(self) -> None:
+        self.rows = self.rows.to(self.update.rollout.prompt_index.device)
+
+    @functools.cached_property
+    def cond(self) -> PromptEmbeddings:
+        """Its samples' prompt embeddings."""
+        return self.update.rollout.embeds.select(self.update.rollout.prompt_index[self.rows])
+
+    @functools.cached_property
+    def x0(self) -> torch.Tensor:
+        """Its samples' clean latents (the rollout's final states)."""
+        return self.update.rollout.trajectory[:, -1][self.rows]
+
+    @property
+    def advantages(self) -> torch.Tensor:
+        """Its samples' advantages, on the model's device."""
+        return self.update.device_advantages[self.rows]
 
 
 class Algorithm(ABC):
@@ -61,15 +109,72 @@ class Algorithm(ABC):
                              f"{cls.name} (train.algorithm {cls.key}) has none; remove it")
         return notes
 
+    @classmethod
+    def section_keys(cls) -> list[str]:
+        """The `train.<key>` sections it reads: its own, then those of the algorithms it is built on (MixGRPO reads
+        FlowGRPO's)."""
+        return [c.key for c in cls.__mro__ if "key" in vars(c)]
+
     def sampler_settings(self, generator: torch.Generator, epoch: int) -> SamplerSettings:
         """Epoch ``epoch``'s sampler (``generator``: the epoch's, for anything drawn once per epoch). By default ODE
         rollouts: every step Euler, only the final, clean latent kept; an algorithm scoring SDE steps overrides it."""
         return self._sampler((), ())
 
-    @abstractmethod
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
-        """Train on this worker's ``rollout`` and its advantages, stepping with ``optim``; returns mean metrics."""
+        """Train on this worker's ``rollout``, its rewards and advantages, stepping with ``optim``; returns mean
+        metrics.
+
+        The loop every algorithm shares: ``train.inner_epochs`` passes over the algorithm's `micro_batches`, each
+        `prepare`d, then its `loss` for each of its terms, scaled and backpropagated at once. Gradients accumulate
+        over ``train.gradient_accumulation_steps`` micro-batches (fewer where a pass holds fewer: the last step of a
+        pass takes what is left, never nothing), then ``optim`` takes one step. The metrics are means over the
+        terms trained; trained_fraction is the share of the rollout's samples the passes trained. An algorithm that
+        keeps values for one update (a noise generator, its pairs) sets them before calling this one."""
+        from components.flowgrpo.update import MetricMeans
+
+        train = self.config.train
+        update = Update(rollout, rewards, advantages, advantages.to(self.model.device), sampler, generator, optim,
+                        self.training_guidance())
+        means, trained = MetricMeans(), 0
+        self.model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward
+        for _ in range(train.inner_epochs):
+            batches = self.micro_batches(update)
+            accumulate = min(train.gradient_accumulation_steps, len(batches))
+            for i, indices in enumerate(batches):
+                batch = self.prepare(update, indices)
+                in_step = min(accumulate, len(batches) - i // accumulate * accumulate)  # this step's micro-batches
+                for term in batch.terms:
+                    loss, metrics = self.loss(batch, term)
+                    (loss * (batch.weight / (len(batch.terms) * in_step))).backward()
+                    if batch.weight:
+                        for key, value in metrics.items():
+                            means.add(key, value)
+                trained += len(batch.rows) if batch.weight else 0
+                if (i + 1) % accumulate == 0 or i == len(batches) - 1:
+                    optim.apply(means)
+        metrics = means.result()
+        metrics["trained_fraction"] = trained / (len(rollout) * train.inner_epochs)
+        return metrics
+
+    def micro_batches(self, update: Update) -> list[torch.Tensor]:
+        """One pass's micro-batches of indices for `prepare`: by default of the rollout's samples, in a random order,
+        those with a zero advantage left out with train.skip_zero_advantage (`components.flowgrpo.update`)."""
+        from components.flowgrpo.update import micro_batches
+
+        train = self.config.train
+        return micro_batches(update.advantages, train.batch_size_per_worker, train.skip_zero_advantage,
+                             update.generator)
+
+    def prepare(self, update: Update, indices: torch.Tensor) -> MicroBatch:
+        """The micro-batch of `micro_batches`' ``indices``, with what its loss needs computed before the trained
+        forwards; by default their samples, one term."""
+        return MicroBatch(update, indices)
+
+    @abstractmethod
+    def loss(self, batch: MicroBatch, term: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss of ``batch``'s ``term`` (one of its `terms`), through the trained forward, and its metrics
+        (detached scalar tensors)."""
 
     def sampling_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights the rollouts are sampled with, swapped in for the block: the trained ones by default."""
@@ -142,6 +247,22 @@ def algorithm_class(key: str) -> type[Algorithm]:
 def section_of(config: JobConfig) -> AlgorithmConfig:
     """The selected algorithm's section of ``config`` (its defaults where the config names none)."""
     return getattr(config.train, config.train.algorithm)
+
+
+def unread_section_notes(config: JobConfig) -> list[str]:
+    """A note for each section of an algorithm the run does not read that sets a key to other than its default (a
+    config may carry every algorithm's section, as tiny-cpu.yaml does with their defaults, so that one override
+    switches algorithm; a setting changed there is one the user may expect to act)."""
+    read = algorithm_class(config.train.algorithm).section_keys()
+    notes = []
+    for key in algorithms().keys() - read:
+        section = getattr(config.train, key)
+        changed = [f"train.{key}.{name}" for name in sorted(section.model_fields_set)
+                   if getattr(section, name) != section.default_of(name)]
+        if changed:
+            notes.append(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not used: train.algorithm "
+                         f"is {config.train.algorithm}, which reads {', '.join(f'train.{k}' for k in read)}")
+    return notes
 
 
 def algorithm_name(config: JobConfig) -> str:

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register
+from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, MicroBatch, Update, register
 
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.config import TrainConfig
     from components.flowgrpo.rollout import Rollout, SamplerSettings
     from components.flowgrpo.update import Optimization
     from components.models.base import FlowMatchingModel
@@ -81,81 +80,62 @@ class DiffusionNFT(Algorithm):
     def sampling_weights(self) -> contextlib.AbstractContextManager[None]:
         return self.old.applied(self.params)
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
-        metrics = nft_update(self.model, rollout, advantages, sampler, generator, optim, self.old,
-                             self.config.train, self.section, self.training_guidance())
+        from components.flowgrpo.update import noise_generator
+
+        self.noise = noise_generator(generator, self.model.device)
+        metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
         metrics["nft/old_decay"] = self.old.update(self.params, optim.step)
         return metrics
+
+    def micro_batches(self, update: Update) -> list[torch.Tensor]:
+        from components.flowgrpo.update import micro_batches
+
+        # every sample trains: a zero advantage is r = 0.5, between the implicit policies
+        return micro_batches(update.advantages, self.config.train.batch_size_per_worker, False, update.generator)
+
+    def prepare(self, update: Update, indices: torch.Tensor) -> MicroBatch:
+        """``int(num_steps * train.timestep_fraction)`` distinct noise levels of the sampler's grid and one noise
+        per level (shared by the micro-batch's samples: a forward takes one noise level); the old (and, with a KL
+        weight ``train.beta``, the adapter-disabled) velocities under one weight swap each. A term: (noise level,
+        noised latents, old velocity, reference velocity or None)."""
+        import torch
+
+        from components.flowgrpo.nft import forward_noise
+
+        train, model, sampler = self.config.train, self.model, update.sampler
+        batch = MicroBatch(update, indices)
+        grid = model.sigmas(sampler.num_steps, sampler.resolution)[:-1].tolist()  # the terminal 0 is the clean one
+        count = min(max(1, int(sampler.num_steps * train.timestep_fraction)), len(grid))
+        sigmas = [grid[j] for j in torch.randperm(len(grid), generator=update.generator)[:count].tolist()]
+        x0 = batch.x0
+        noised = [forward_noise(x0, torch.randn(x0.shape, generator=self.noise, device=model.device,
+                                                dtype=x0.dtype), s) for s in sigmas]
+        with torch.no_grad():
+            with self.old.applied(self.params):
+                v_old = [model.predict_velocity(x, s, batch.cond, update.guidance) for x, s in zip(
+                    noised, sigmas, strict=True)]
+            v_ref: list[torch.Tensor | None] = [None] * len(sigmas)
+            if train.beta > 0:
+                with model.adapter_disabled():
+                    v_ref = [model.predict_velocity(x, s, batch.cond, update.guidance) for x, s in zip(
+                        noised, sigmas, strict=True)]
+        batch.terms = list(zip(sigmas, noised, v_old, v_ref, strict=True))
+        return batch
+
+    def loss(self, batch: MicroBatch, term: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        from components.flowgrpo.nft import nft_loss, optimality_probability
+
+        train = self.config.train
+        sigma, x_t, v_old, v_ref = term
+        v_theta = self.model.predict_velocity(x_t, sigma, batch.cond, batch.update.guidance)
+        r = optimality_probability(batch.advantages.float(), train.adv_clip_max)
+        return nft_loss(v_theta, v_old, x_t, batch.x0, sigma, r, beta=self.section.beta, clip=train.adv_clip_max,
+                        v_ref=v_ref, kl_weight=train.beta)
 
     def state_dict(self) -> dict | None:
         return self.old.state_dict()
 
     def load_state_dict(self, state: dict | None) -> None:
         self.old.load_state_dict(state, "DiffusionNFT old policy")
-
-
-def nft_update(
-    model: FlowMatchingModel,
-    rollout: Rollout,
-    advantages: torch.Tensor,
-    sampler: SamplerSettings,
-    generator: torch.Generator,
-    optim: Optimization,
-    old: OldPolicy,
-    train: TrainConfig,
-    section: DiffusionNFTConfig,
-    guidance_scale: float,
-) -> dict[str, float]:
-    """Train on the rollout's clean latents (its final states); returns mean metrics.
-
-    Each micro-batch draws ``int(num_steps * train.timestep_fraction)`` distinct noise levels of the sampler's grid
-    and one noise per level (shared by the micro-batch's samples: a forward takes one noise level); the old (and,
-    with a KL weight ``train.beta``, the adapter-disabled) velocities come first under one weight swap, then the
-    trained forward and backward per level. Gradients accumulate over the levels of
-    ``train.gradient_accumulation_steps`` micro-batches per optimizer step."""
-    import torch
-
-    from components.flowgrpo.nft import forward_noise, nft_loss, optimality_probability
-    from components.flowgrpo.update import MetricMeans, micro_batches
-
-    grid = model.sigmas(sampler.num_steps, sampler.resolution)[:-1].tolist()  # the terminal 0 is the clean sample
-    levels_per_batch = min(max(1, int(sampler.num_steps * train.timestep_fraction)), len(grid))
-    scale = 1.0 / (levels_per_batch * train.gradient_accumulation_steps)
-    device = model.device
-    noise_gen = torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-    x0_all = rollout.trajectory[:, -1]
-    r_all = optimality_probability(advantages.to(device).float(), train.adv_clip_max)
-    means = MetricMeans()
-
-    model.transformer.train(False)  # dropout off, as in sampling
-    for _ in range(train.inner_epochs):
-        batches = micro_batches(advantages, train.batch_size_per_worker, False, generator)
-        for i, idx in enumerate(batches):
-            idx = idx.to(rollout.prompt_index.device)
-            cond = rollout.embeds.select(rollout.prompt_index[idx])
-            x0 = x0_all[idx]
-            sigmas = [grid[j] for j in torch.randperm(len(grid), generator=generator)[:levels_per_batch].tolist()]
-            noised = [forward_noise(x0, torch.randn(x0.shape, generator=noise_gen, device=device, dtype=x0.dtype), s)
-                      for s in sigmas]
-            with torch.no_grad():
-                with old.applied(optim.params):
-                    v_old = [model.predict_velocity(x, s, cond, guidance_scale) for x, s in zip(
-                        noised, sigmas, strict=True)]
-                v_ref: list[torch.Tensor | None] = [None] * len(sigmas)
-                if train.beta > 0:
-                    with model.adapter_disabled():
-                        v_ref = [model.predict_velocity(x, s, cond, guidance_scale) for x, s in zip(
-                            noised, sigmas, strict=True)]
-            for x_t, s, vo, vr in zip(noised, sigmas, v_old, v_ref, strict=True):
-                v_theta = model.predict_velocity(x_t, s, cond, guidance_scale)
-                loss, metrics = nft_loss(v_theta, vo, x_t, x0, s, r_all[idx], beta=section.beta,
-                                         clip=train.adv_clip_max, v_ref=vr, kl_weight=train.beta)
-                (loss * scale).backward()
-                for k, v in metrics.items():
-                    means.add(k, v)
-            if (i + 1) % train.gradient_accumulation_steps == 0:
-                optim.apply(means)
-    metrics = means.result()
-    metrics["trained_fraction"] = 1.0
-    return metrics

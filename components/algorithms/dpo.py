@@ -1,5 +1,5 @@
 """Online DPO (docs/ALGORITHM.md section 14): ODE rollouts sampled by the trained weights; in each group the best
-and the worst sample by advantage make a preference pair, trained with Diffusion-DPO's loss on flow matching: the
+and the worst sample by reward make a preference pair, trained with Diffusion-DPO's loss on flow matching: the
 winner's and the loser's flow-matching errors under the policy minus under the reference (the base model, the
 adapter disabled), at a shared noise level and noise, through ``-log sigmoid(-beta / 2 (w_diff - l_diff))``."""
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, register
+from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, MicroBatch, Update, register
 
 if TYPE_CHECKING:
     import torch
@@ -66,25 +66,24 @@ def dpo_loss(
     return loss, metrics
 
 
-def preference_pairs(prompt_index: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def preference_pairs(prompt_index: torch.Tensor, rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The (winner, loser) sample indices, one pair per group (``prompt_index``): the first sample with the group's
-    highest advantage and the first with its lowest, groups in increasing index. A group whose highest advantage
-    equals its lowest (one sample, equal rewards, a zero-std or failed group) has no preference and gives no pair;
-    their number is returned third."""
+    highest reward and the first with its lowest, groups in increasing index, ranked by the rewards themselves as the
+    authors do (a clipped advantage can tie two samples whose rewards differ); a failed (non-finite) reward is no
+    candidate. A group whose highest reward equals its lowest (one sample, equal rewards, all failed) has no
+    preference and gives no pair; their number is returned third."""
     import torch
 
-    groups = prompt_index.cpu()
-    adv = advantages.cpu()
+    groups, r = prompt_index.cpu(), rewards.cpu()
     winners, losers, unpaired = [], [], 0
     for group in torch.unique(groups).tolist():
-        members = (groups == group).nonzero().flatten()
-        values = adv[members]
-        best, worst = int(torch.argmax(values)), int(torch.argmin(values))
-        if values[best] == values[worst]:
+        members = ((groups == group) & torch.isfinite(r)).nonzero().flatten()
+        values = r[members]
+        if len(members) < 2 or values.max() == values.min():
             unpaired += 1
             continue
-        winners.append(int(members[best]))
-        losers.append(int(members[worst]))
+        winners.append(int(members[torch.argmax(values)]))
+        losers.append(int(members[torch.argmin(values)]))
     return torch.tensor(winners, dtype=torch.long), torch.tensor(losers, dtype=torch.long), unpaired
 
 
@@ -110,67 +109,65 @@ class DPO(Algorithm):
                          "sets its strength)")
         return notes
 
-    def update(self, rollout: Rollout, advantages: torch.Tensor, sampler: SamplerSettings,
+    def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         """Train on this worker's pairs; returns mean metrics.
 
         The pairs are split into ``ceil(groups / pairs_per_batch)`` micro-batches of at most
         ``max(1, train.batch_size_per_worker // 2)`` pairs (a forward holds the winners and the losers), so every
         worker, holding whole groups, takes the same forwards and optimizer steps whatever its number of pairs; a
-        micro-batch left without a pair trains a placeholder pair with weight 0. Each micro-batch draws
-        int(num_steps * train.timestep_fraction) noise levels and a noise per level and pair, shared by its winner
-        and loser; the reference forwards (adapter disabled) come first, then the trained forward and backward per
-        level. Gradients accumulate over the levels of ``train.gradient_accumulation_steps`` micro-batches, fewer where
-        the epoch holds fewer (a pair takes two samples' places, so the other algorithms' accumulation can exceed
-        DPO's micro-batches): the last step of an epoch takes what is left, never nothing."""
+        micro-batch left without a pair trains a placeholder pair with weight 0. A pair takes two samples' places,
+        so the other algorithms' gradient accumulation can exceed DPO's micro-batches: the last step of an epoch
+        then takes what is left."""
+        import torch
+
+        from components.flowgrpo.update import noise_generator
+
+        self.winners, self.losers, unpaired = preference_pairs(rollout.prompt_index, rewards)
+        per_batch = max(1, self.config.train.batch_size_per_worker // 2)
+        self.batch_count = math.ceil(len(torch.unique(rollout.prompt_index)) / per_batch)
+        self.noise = noise_generator(generator, self.model.device)
+        metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
+        metrics.update({"dpo/pairs": float(len(self.winners)), "dpo/unpaired_groups": float(unpaired)})
+        return metrics
+
+    def micro_batches(self, update: Update) -> list[torch.Tensor]:
+        """Pair indices."""
+        import torch
+
+        return list(torch.randperm(len(self.winners), generator=update.generator).tensor_split(self.batch_count))
+
+    def prepare(self, update: Update, indices: torch.Tensor) -> MicroBatch:
+        """The winners then the losers of the pairs ``indices``; int(num_steps * train.timestep_fraction) noise
+        levels and a noise per level and pair, shared by its winner and loser; the reference forwards (adapter
+        disabled). A term: (noised latents, noise, level, reference velocity)."""
         import torch
 
         from components.flowgrpo.nft import forward_noise
-        from components.flowgrpo.update import MetricMeans
 
-        train, section, model = self.config.train, self.section, self.model
-        winners, losers, unpaired = preference_pairs(rollout.prompt_index, advantages)
-        groups = len(torch.unique(rollout.prompt_index))
-        per_batch = max(1, train.batch_size_per_worker // 2)
-        count = math.ceil(groups / per_batch)
+        train, section, model, sampler = self.config.train, self.section, self.model, update.sampler
+        if len(indices):
+            batch = MicroBatch(update, torch.cat([self.winners[indices], self.losers[indices]]))
+        else:
+            batch = MicroBatch(update, torch.zeros(2, dtype=torch.long), weight=0.0)
         grid = model.sigmas(TRAINING_LEVELS, sampler.resolution)[:-1].tolist()  # the terminal 0 is the clean sample
-        levels_per_batch = max(1, int(sampler.num_steps * train.timestep_fraction))
-        accumulate = min(train.gradient_accumulation_steps, count)
-        guidance = self.training_guidance()
-        device = model.device
-        noise_gen = torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-        x0_all = rollout.trajectory[:, -1]
-        means = MetricMeans()
+        levels = [training_level(grid, update.generator, section.logit_mean, section.logit_std)
+                  for _ in range(max(1, int(sampler.num_steps * train.timestep_fraction)))]
+        x0 = batch.x0
+        noises = [torch.randn(x0[:len(x0) // 2].shape, generator=self.noise, device=model.device, dtype=x0.dtype)
+                  for _ in levels]
+        noised = [forward_noise(x0, torch.cat([eps, eps]), s) for eps, s in zip(noises, levels, strict=True)]
+        with torch.no_grad(), model.adapter_disabled():
+            v_ref = [model.predict_velocity(x, s, batch.cond, update.guidance) for x, s in zip(
+                noised, levels, strict=True)]
+        batch.terms = list(zip(noised, noises, levels, v_ref, strict=True))
+        return batch
 
-        model.transformer.train(False)  # dropout off, as in sampling
-        for _ in range(train.inner_epochs):
-            for i, batch in enumerate(torch.randperm(len(winners), generator=generator).tensor_split(count)):
-                weight = 1.0 if len(batch) else 0.0
-                win, lose = (winners[batch], losers[batch]) if len(batch) else (torch.zeros(1, dtype=torch.long),) * 2
-                rows = torch.cat([win, lose]).to(rollout.prompt_index.device)
-                cond = rollout.embeds.select(rollout.prompt_index[rows])
-                x0 = x0_all[rows]
-                levels = [training_level(grid, generator, section.logit_mean, section.logit_std)
-                          for _ in range(levels_per_batch)]
-                noises = [torch.randn(x0[:len(win)].shape, generator=noise_gen, device=device, dtype=x0.dtype)
-                          for _ in levels]
-                noised = [forward_noise(x0, torch.cat([eps, eps]), s) for eps, s in zip(noises, levels, strict=True)]
-                with torch.no_grad(), model.adapter_disabled():
-                    v_ref = [model.predict_velocity(x, s, cond, guidance) for x, s in zip(
-                        noised, levels, strict=True)]
-                for x_t, eps, s, vr in zip(noised, noises, levels, v_ref, strict=True):
-                    target = torch.cat([eps, eps]) - x0
-                    err = matching_error(model.predict_velocity(x_t, s, cond, guidance), target)
-                    ref = matching_error(vr, target)
-                    loss, metrics = dpo_loss(*err.chunk(2), *ref.chunk(2), beta=section.beta)
-                    in_step = min(accumulate, count - i // accumulate * accumulate)  # this step's micro-batches
-                    (loss * (weight / (levels_per_batch * in_step))).backward()
-                    if weight:
-                        for key, value in metrics.items():
-                            means.add(key, value)
-                if (i + 1) % accumulate == 0 or i == count - 1:
-                    optim.apply(means)
-        metrics = means.result()
-        metrics.update({"dpo/pairs": float(len(winners)), "dpo/unpaired_groups": float(unpaired),
-                        "trained_fraction": 2 * len(winners) / len(rollout)})
-        return metrics
+    def loss(self, batch: MicroBatch, term: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        import torch
+
+        x_t, eps, s, v_ref = term
+        target = torch.cat([eps, eps]) - batch.x0
+        err = matching_error(self.model.predict_velocity(x_t, s, batch.cond, batch.update.guidance), target)
+        ref = matching_error(v_ref, target)
+        return dpo_loss(*err.chunk(2), *ref.chunk(2), beta=self.section.beta)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from components.algorithms.base import JobConfig, register
-from components.algorithms.flow_grpo import FlowGRPO, FlowGRPOConfig
+from components.algorithms.base import AlgorithmConfig, JobConfig, register
+from components.algorithms.flow_grpo import FlowGRPO
 
 if TYPE_CHECKING:
     import torch
@@ -21,8 +21,9 @@ MAX_EPOCHS = 1_000_000
 UNTRAINED_TAIL = 2
 
 
-class MixGRPOConfig(FlowGRPOConfig):
-    """MixGRPO's own settings (`train.mix_grpo`); the policy gradient's are FlowGRPO's, in `train:`."""
+class MixGRPOConfig(AlgorithmConfig):
+    """MixGRPO's own settings (`train.mix_grpo`): its window. The policy gradient's are FlowGRPO's, in `train:` and
+    `train.flow_grpo`, which MixGRPO reads as FlowGRPO does."""
 
     window_size: int = Field(default=4, ge=1, le=1000, description="consecutive SDE (and trained) steps")
     shift_interval: int = Field(default=25, ge=1, le=MAX_EPOCHS,

@@ -1,25 +1,15 @@
-"""The policy update on one epoch's rollout (docs/ALGORITHM.md section 6)."""
+"""What every algorithm's update uses (its loop: components/algorithms/base.py, `Algorithm.update`): the
+micro-batches of an inner epoch, the metric means and the optimizer step (docs/ALGORITHM.md section 6)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from components.flowgrpo.ema import LoRAEMA
-from components.flowgrpo.loss import GuardMeanShift, GuardTerms, flow_grpo_loss
-from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
-from components.models.base import FlowMatchingModel
-
-if TYPE_CHECKING:
-    from components.flowgrpo.config import TrainConfig
-
-# also logged per sampler step, e.g. update/clipfrac/step3: under update/ because MLflow shows metric sections in
-# name order, and reward/ must come first
-PER_STEP_METRICS = ("policy_loss", "approx_kl", "clipfrac")
 
 
 def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage: bool,
@@ -42,64 +32,9 @@ def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage
     return list(torch.cat([kept, zeros[:target - len(kept)]]).tensor_split(count))
 
 
-def policy_update(
-    model: FlowMatchingModel,
-    rollout: Rollout,
-    advantages: torch.Tensor,
-    sampler: SamplerSettings,
-    generator: torch.Generator,
-    optim: Optimization,
-    train: TrainConfig,
-    guidance_scale: float,
-    guard_mean_shift: GuardMeanShift = "sample",
-) -> dict[str, float]:
-    """Run the inner epochs of FlowGRPO's update (``train``: the `train:` section; ``guidance_scale``: the training
-    forward's; ``guard_mean_shift``: train.flow_grpo's, with train.grpo_guard); returns mean metrics.
-
-    Gradients accumulate over all trained timesteps of ``gradient_accumulation_steps`` micro-batches, then
-    ``optim`` takes one clipped step, averaged over the data-parallel workers first.
-    """
-    n_steps = rollout.log_probs.shape[1]
-    scale = 1.0 / (n_steps * train.gradient_accumulation_steps)
-    trained = 0
-    device_advantages = advantages.to(model.device)
-    means = MetricMeans()
-
-    model.transformer.train(False)  # dropout off: the training forward must equal the sampling forward
-    for _ in range(train.inner_epochs):
-        batches = micro_batches(advantages, train.batch_size_per_worker, train.skip_zero_advantage, generator)
-        trained += sum(len(b) for b in batches)
-        for i, idx in enumerate(batches):
-            idx = idx.to(rollout.prompt_index.device)
-            cond = rollout.embeds.select(rollout.prompt_index[idx])
-            for t in range(n_steps):
-                log_prob, mean, std_dev_t = step_log_prob(model, rollout, idx, t, sampler, guidance_scale,
-                                                          cond=cond, uncond_grad=train.cfg_uncond_grad)
-                ref_mean = None
-                if train.beta > 0:
-                    with torch.no_grad(), model.adapter_disabled():
-                        _, ref_mean, _ = step_log_prob(model, rollout, idx, t, sampler, guidance_scale, cond=cond)
-                guard = None
-                if train.grpo_guard:
-                    sigma, sigma_next = rollout.levels[t]
-                    guard = GuardTerms(old_mean=rollout.means[idx, t], dt=sigma - sigma_next,
-                                       noise_std=std_dev_t * (sigma - sigma_next) ** 0.5,
-                                       mean_shift=guard_mean_shift)
-                loss, metrics = flow_grpo_loss(
-                    log_prob, rollout.log_probs[idx, t], device_advantages[idx], clip_range=train.clip_range,
-                    adv_clip_max=train.adv_clip_max, mean=mean, ref_mean=ref_mean, std_dev_t=std_dev_t,
-                    beta=train.beta, guard=guard,
-                )
-                (loss * scale).backward()
-                step = sampler.train_steps[t]
-                for k, v in metrics.items():
-                    for key in (k, f"update/{k}/step{step}") if k in PER_STEP_METRICS else (k,):
-                        means.add(key, v)
-            if (i + 1) % train.gradient_accumulation_steps == 0:
-                optim.apply(means)
-    metrics = means.result()
-    metrics["trained_fraction"] = trained / (len(rollout) * train.inner_epochs)
-    return metrics
+def noise_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` for an update's noises, seeded by one draw from the epoch's ``generator``."""
+    return torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
 
 
 class MetricMeans:

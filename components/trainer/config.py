@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError, create_model, model_validator
 
-from components.algorithms.base import algorithm_class, algorithms
+from components.algorithms.base import algorithm_class, algorithms, unread_section_notes
 from components.config_base import Section, Seed, chained, check_strings, format_validation_error
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
@@ -118,8 +118,9 @@ class TrainingJobConfig(Section):
 
 
 def algorithm_notes(config: TrainingJobConfig) -> list[str]:
-    """What the selected algorithm says of the config: the settings it does not read."""
-    return algorithm_class(config.train.algorithm).check(config)
+    """What the selected algorithm says of the config (the settings it does not read), and the keys changed in the
+    sections of algorithms it does not read."""
+    return algorithm_class(config.train.algorithm).check(config) + unread_section_notes(config)
 
 
 def epoch_split_problems(config: TrainingJobConfig, workers: int) -> list[str]:

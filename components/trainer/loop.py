@@ -383,7 +383,8 @@ class Trainer:
         with self.phase_scope("training"):
             optim = Optimization(self.optimizer, self.params, cfg.train.max_grad_norm, self.optimizer_step, self.ema,
                                  average_grads=world.average_ if world.world_size > 1 else None)
-            update_metrics = self.algorithm.update(rollout, advantages[local], sampler, cpu_gen, optim)
+            update_metrics = self.algorithm.update(rollout, torch.from_numpy(combined[local]), advantages[local],
+                                                   sampler, cpu_gen, optim)
             self.optimizer_step = optim.step
         t3 = time.perf_counter()
 

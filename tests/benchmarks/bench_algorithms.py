@@ -52,7 +52,8 @@ from bench_demo_learning import SMOKE, read_run, run_seed  # noqa: E402  (its im
 # MixGRPO: a window of 2 of 10 steps (the published 4 of 25) moving every 10 epochs; Flash adds DPM-Solver++(2M)
 # on 40% of the points after the window (section 12). DanceGRPO: Dance-SDE at eta 0.3, one initial noise per
 # group, int((N - 1) 0.6) = 5 of 10 steps trained, clip 1e-4, per-group advantages (section 13). AWM: the authors'
-# geneval recipe, ODE rollouts, 90% of the levels, KL 0.003, every sample trained, one optimizer step an epoch
+# geneval recipe as first published, ODE rollouts, 90% of the levels, KL 0.003 (their current GenEval recipe's
+# is 0.001, OCR's 0.003), every sample trained, one optimizer step an epoch
 # (section 11). Online DPO: beta 100, 99% of the levels, the 8 groups' pairs in one micro-batch and one optimizer
 # step an epoch, as the authors (section 14).
 FLOW_GRPO = ["train.algorithm=flow_grpo", "sampling.sde_window={size: 2, range: [0, 5]}"]

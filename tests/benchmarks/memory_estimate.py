@@ -6,7 +6,7 @@ transformer and the VAE is replaced by a fake tensor (``FakeTensorMode``: shapes
 arithmetic). The text encoders stay on the meta device and never run: the prompt and negative-prompt embeddings
 are fakes of the shapes ``encode_prompts`` returns. The trainer's own code then runs: a sampler step as
 ``rollout.sample_rollout`` takes it (``predict_velocity``, ``sde_step_with_logprob``), ``decode``, and one
-timestep of ``update.policy_update`` (``step_log_prob`` on a rollout of fakes, the KL reference with the adapter
+timestep of ``FlowGRPO.loss`` (``step_log_prob`` on a rollout of fakes, the KL reference with the adapter
 disabled, ``flow_grpo_loss``, backward), while a ``TorchDispatchMode`` adds up the bytes of every live storage.
 ``torch.distributed._tools.mem_tracker.MemTracker`` fails on frozen parameters and ``module.to()`` cannot swap
 fake tensors in, hence the hand-made replacement.
@@ -341,7 +341,7 @@ def _sampling(model: FlowMatchingModel, mode: FakeTensorMode, rollout: Rollout, 
 
 def _training(model: FlowMatchingModel, rollout: Rollout, settings: SamplerSettings, guidance_scale: float,
               beta: float, live: LiveBytes, result: dict[str, int]) -> list[int]:
-    """``update.policy_update`` for one timestep of the rollout: graph forward, the KL reference forward
+    """``FlowGRPO.loss`` for one timestep of the rollout: graph forward, the KL reference forward
     (beta > 0), backward. Returns the rows of the graph's transformer forwards."""
     idx = torch.arange(len(rollout))
     with _forward_rows(model.transformer) as rows:

@@ -189,7 +189,7 @@ def sampling_passes(config: TrainingJobConfig, shape: Shape) -> list[Pass]:
 
 
 def training_passes(config: TrainingJobConfig, shape: Shape) -> list[Pass]:
-    """The transformer work of one trained timestep of a micro-batch (flowgrpo/update.py, algorithms/diffusion_nft.py):
+    """The transformer work of one trained timestep of a micro-batch (algorithms/flow_grpo.py, diffusion_nft.py):
     FlowGRPO's graph forward and the KL reference with beta > 0; DiffusionNFT's old-policy forward, the reference
     with a KL weight, the graph forward."""
     t = config.train

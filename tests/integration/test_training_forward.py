@@ -6,12 +6,12 @@ from collections import Counter
 
 import pytest
 import torch
+from algorithm_runs import algorithm_on
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from components.errors import ConfigError
-from components.flowgrpo.config import TrainConfig
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
-from components.flowgrpo.update import Optimization, policy_update
+from components.flowgrpo.update import Optimization
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.loading import load_model
 from pipeline.config import CONFIG_DIR, load_config
@@ -135,17 +135,17 @@ def test_host_reads_per_rollout_and_update_do_not_grow_with_the_steps(kind):
     embeds = model.encode_prompts(prompts)
     model.negative_embeddings()
     g = GUIDANCE[kind]
-    train = TrainConfig(batch_size_per_worker=4, gradient_accumulation_steps=1, inner_epochs=1, clip_range=0.2,
-                        beta=0.04, max_grad_norm=1.0, skip_zero_advantage=False)
-    guidance = model.training_guidance_scale(g, True)
+    algorithm = algorithm_on(model, params, load_config(CONFIG_DIR / CONFIGS[kind], []), g, batch_size_per_worker=4,
+                             gradient_accumulation_steps=1, inner_epochs=1, clip_range=0.2, beta=0.04,
+                             max_grad_norm=1.0, skip_zero_advantage=False, train_cfg=True)
     reads = {}
     for steps in (3, 3, 6):  # the first update also builds the optimizer's state
         settings = _settings(steps, g)
         with _HostReads() as sampling:
             rollout = sample_rollout(model, prompts, 2, 4, settings, torch.Generator().manual_seed(0), embeds=embeds)
         with _HostReads() as training:
-            policy_update(model, rollout, torch.randn(4), settings, torch.Generator().manual_seed(0),
-                          Optimization(optimizer, params, train.max_grad_norm), train, guidance)
+            algorithm.update(rollout, torch.randn(4), torch.randn(4), settings, torch.Generator().manual_seed(0),
+                             Optimization(optimizer, params, 1.0))
         reads[steps] = (sampling.ops, training.ops)
     assert reads[3] == reads[6], reads
     # what remains is per sampling batch (2 here: the VAE's constants, a mask read once) and per optimizer step

@@ -3,13 +3,14 @@
 
 import pytest
 import torch
+from algorithm_runs import algorithm_on
 
-from components.flowgrpo.config import TrainConfig
 from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
-from components.flowgrpo.update import Optimization, micro_batches, policy_update
+from components.flowgrpo.update import Optimization, micro_batches
 from pipeline.config import TINY_CONFIG, load_config
 
 ADVANTAGES = torch.tensor([0.5, 0.0, -1.2, 0.0, 0.8, 0.0, 0.0, 1.1])
+REWARDS = torch.full((8,), float("nan"))  # FlowGRPO reads the advantages alone
 NONZERO = torch.nonzero(ADVANTAGES).flatten()
 
 
@@ -33,7 +34,7 @@ def test_micro_batches_keep_every_nonzero_sample_in_the_same_number_of_equal_bat
         len(plain) - 1)
 
 
-def _rollout():
+def _rollout(keep_means: bool = False, group_size: int = 2):
     config = load_config(TINY_CONFIG, [])
     from components.models.loading import load_model
 
@@ -44,9 +45,9 @@ def _rollout():
         for p in params:
             p.normal_(0, 0.05)
     sde, train = plan_steps(3, 0.99, None)
-    settings = SamplerSettings(3, 1.0, 0.7, "sde", 32, sde, train)
-    prompts = ["a cat", "a dog", "a red apple", "a blue car"]
-    rollout = sample_rollout(model, prompts, 2, 8, settings, torch.Generator().manual_seed(0),
+    settings = SamplerSettings(3, 1.0, 0.7, "sde", 32, sde, train, keep_means=keep_means)
+    prompts = ["a cat", "a dog", "a red apple", "a blue car"][:8 // group_size]
+    rollout = sample_rollout(model, prompts, group_size, 8, settings, torch.Generator().manual_seed(0),
                              embeds=model.encode_prompts(prompts))
     return model, params, settings, rollout
 
@@ -67,15 +68,16 @@ class _Recorder(torch.optim.SGD):
 def _gradient(model, params, settings, rollout, advantages, batch_size, skip) -> tuple[list[torch.Tensor], int, dict]:
     """The update's gradient (one optimizer step, no clipping) and the rows the training forwards saw."""
     optimizer = _Recorder(params, lr=0.0)
-    train = TrainConfig(batch_size_per_worker=batch_size, gradient_accumulation_steps=2, inner_epochs=1,
-                        clip_range=0.2, beta=0.0, max_grad_norm=1e9, skip_zero_advantage=skip)
-    optim = Optimization(optimizer, params, train.max_grad_norm)
+    algorithm = algorithm_on(model, params, load_config(TINY_CONFIG, []), batch_size_per_worker=batch_size,
+                             gradient_accumulation_steps=2, inner_epochs=1, clip_range=0.2, beta=0.0,
+                             max_grad_norm=1e9, skip_zero_advantage=skip)
+    optim = Optimization(optimizer, params, algorithm.config.train.max_grad_norm)
     rows = []
     hook = model.transformer.register_forward_pre_hook(lambda _m, args, kwargs: rows.append(
         kwargs["hidden_states"].shape[0]), with_kwargs=True)
     try:
-        metrics = policy_update(model, rollout, advantages, settings, torch.Generator().manual_seed(1), optim, train,
-                                1.0)
+        metrics = algorithm.update(rollout, REWARDS[:len(rollout)], advantages, settings,
+                                   torch.Generator().manual_seed(1), optim)
     finally:
         hook.remove()
     assert optim.step == 1
@@ -98,6 +100,42 @@ def test_skipping_zero_advantages_is_the_update_on_the_nonzero_samples_alone_wit
     steps = len(settings.train_steps)
     assert skipped_rows == alone_rows == len(NONZERO) * steps and every_rows == len(ADVANTAGES) * steps
     assert metrics["trained_fraction"] == 0.5 and every_metrics["trained_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "mix_grpo"])
+@pytest.mark.parametrize("shift", ["sample", "batch"])
+def test_flow_grpo_and_mix_grpo_hand_its_guard_mean_shift_to_the_guarded_loss(monkeypatch, algorithm, shift):
+    """With train.grpo_guard every loss of the update takes train.flow_grpo.guard_mean_shift, MixGRPO's too (it is
+    FlowGRPO's key; MixGRPO read a copy of it in its own section, and the documented key was silently lost)."""
+    import components.flowgrpo.loss as loss
+
+    model, params, settings, rollout = _rollout(keep_means=True)
+    seen, real = [], loss.flow_grpo_loss
+    monkeypatch.setattr(loss, "flow_grpo_loss", lambda *args, **kwargs: seen.append(kwargs["guard"].mean_shift) or real(
+        *args, **kwargs))
+    config = load_config(TINY_CONFIG, [f"train.algorithm={algorithm}", "train.grpo_guard=true",
+                                       f"train.flow_grpo.guard_mean_shift={shift}"])
+    algorithm = algorithm_on(model, params, config)
+    algorithm.update(rollout, REWARDS, ADVANTAGES, settings, torch.Generator().manual_seed(1),
+                     Optimization(torch.optim.SGD(params, lr=0.0), params, 1.0))
+    assert len(seen) == len(settings.train_steps) and set(seen) == {shift}  # one micro-batch: 8 samples, 16 a batch
+
+
+def test_online_dpo_pairs_a_groups_best_and_worst_reward_where_clipped_advantages_tie():
+    """The authors rank a group's samples by their rewards: two samples whose advantages clip to the same value
+    (here adv_clip_max 5 on Dr.GRPO's undivided advantages) still have a best and a worst, which the pair takes."""
+    from components.flowgrpo.advantages import compute_advantages
+
+    model, params, settings, rollout = _rollout(group_size=4)
+    assert rollout.prompt_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    rewards = torch.tensor([-10.0, -20.0, 10.0, 20.0, 0.1, 0.4, 0.3, 0.2])
+    advantages = compute_advantages(rewards, rollout.prompt_index, std="none", clip=5.0)
+    assert advantages[:4].tolist() == [-5.0, -5.0, 5.0, 5.0]  # the clip ties both ends of the first group
+    algorithm = algorithm_on(model, params, load_config(TINY_CONFIG, ["train.algorithm=dpo"]))
+    metrics = algorithm.update(rollout, rewards, advantages, settings, torch.Generator().manual_seed(1),
+                               Optimization(torch.optim.SGD(params, lr=0.0), params, 1.0))
+    assert algorithm.winners.tolist() == [3, 5] and algorithm.losers.tolist() == [1, 4]
+    assert metrics["dpo/pairs"] == 2.0 and metrics["trained_fraction"] == 0.5
 
 
 def test_ema_follows_upstreams_warmup_and_schedule_in_closed_form():

@@ -12,19 +12,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Written exactly as docs/DESIGN.md, "Adding an algorithm", says: nothing outside this module names it.
 TOY = '''
-"""A toy algorithm: ODE rollouts, then one optimizer step per epoch pushing the velocity at the clean samples
-along their advantages, scaled by its section's `scale`."""
+"""A toy algorithm: ODE rollouts, then pushing the velocity at the clean samples along their advantages, scaled by
+its section's `scale`. Its loss is all it writes: the update's loop, micro-batches and steps are the seam's."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from components.algorithms.base import Algorithm, AlgorithmConfig, register
-
-if TYPE_CHECKING:
-    import torch
 
 
 class ToyConfig(AlgorithmConfig):
@@ -36,22 +31,11 @@ class Toy(Algorithm):
     name = "Toy"
     Config = ToyConfig
 
-    def sampler_settings(self, generator: torch.Generator, epoch: int):
-        self.epochs_seen = [*getattr(self, "epochs_seen", []), epoch]
-        return self._sampler((), ())
-
-    def update(self, rollout, advantages, sampler, generator, optim) -> dict[str, float]:
-        from components.flowgrpo.update import MetricMeans
-
-        means = MetricMeans()
-        x0 = rollout.trajectory[:, -1]
-        v = self.model.predict_velocity(x0, 0.5, rollout.embeds.select(rollout.prompt_index), 1.0)
-        weights = advantages.to(v.device).view(-1, *[1] * (v.ndim - 1))
+    def loss(self, batch, term):
+        v = self.model.predict_velocity(batch.x0, 0.5, batch.cond, 1.0)
+        weights = batch.advantages.view(-1, *[1] * (v.ndim - 1))
         loss = -self.section.scale * (weights * v.float()).mean()
-        loss.backward()
-        means.add("toy/loss", loss.detach())
-        optim.apply(means)
-        return {**means.result(), "toy/epoch": float(self.epochs_seen[-1]), "toy/step": float(optim.step)}
+        return loss, {"toy/loss": loss.detach()}
 '''
 
 TRAIN = """
@@ -66,7 +50,8 @@ try:
 except ConfigError as exc:
     refused = str(exc)
 config = load_config(TINY_CONFIG, ["train.algorithm=toy", "train.toy.scale=2", "train.epochs=2",
-                                   "tracking.sample_every=0", "train.batch_size_per_worker=64"])
+                                   "tracking.sample_every=0", "train.batch_size_per_worker=16",
+                                   "train.gradient_accumulation_steps=2"])
 result = train(config, sys.argv[1], log=lambda _m: None)
 lora = load_file(str(result.lora_dir / "pytorch_lora_weights.safetensors"))
 print(json.dumps({"refused": refused, "history": result.history, "scale": config.train.toy.scale,
@@ -100,15 +85,15 @@ def _run(code: str, cwd: Path, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_toy_algorithm_added_as_one_module_is_validated_selected_and_trained(tmp_path):
+def test_a_toy_algorithm_added_as_its_loss_in_one_module_is_validated_selected_and_trained(tmp_path):
     root = _tree_with_toy(tmp_path)
     out = _run(TRAIN, root, str(tmp_path / "run"))
     assert "train.toy.scale" in out["refused"] and "greater than 0" in out["refused"]
     assert out["scale"] == 2.0
     history = out["history"]
-    assert [r["toy/epoch"] for r in history] == [0.0, 1.0]  # the trainer passes the epoch
-    assert [r["toy/step"] for r in history] == [1.0, 2.0] == [r["optimizer_step"] for r in history]
-    assert all(r["toy/loss"] != 0 for r in history)
+    # 64 samples in micro-batches of 16, 2 accumulated per optimizer step: the shared loop's 2 steps an epoch
+    assert [r["optimizer_step"] for r in history] == [2, 4]
+    assert all(r["toy/loss"] != 0 and r["grad_norm"] > 0 and 0 < r["trained_fraction"] <= 1 for r in history)
     assert out["lora_b_max"] > 0  # peft starts lora_B at 0: the toy's steps moved it
 
 

@@ -182,3 +182,23 @@ def test_a_config_with_no_step_to_train_is_refused_and_the_section_has_the_publi
         load_config(TINY_CONFIG, ["train.algorithm=awm", "train.timestep_fraction=0.1"])
     assert load_config(TINY_CONFIG, ["train.algorithm=awm", "train.timestep_fraction=0.1",
                                      "train.awm.time_sampling=discrete"]).train.awm.time_sampling == "discrete"
+
+
+def test_a_note_names_where_the_shared_settings_depart_from_the_authors_recipe():
+    """AWM shares timestep_fraction, beta, skip_zero_advantage and the accumulation with every algorithm, whose
+    defaults are not the authors' recipe: one note says where a run departs from it, none where it follows it."""
+    from components.trainer.config import algorithm_notes
+    from pipeline.config import TINY_CONFIG, load_config
+
+    (note,) = algorithm_notes(load_config(TINY_CONFIG, ["train.algorithm=awm"]))
+    assert note.startswith("AWM departs from its authors' recipe (docs/ALGORITHM.md section 11) in ")
+    for departure in ("train.timestep_fraction 0.99 (theirs 0.9)", "train.beta 0, no KL",
+                      "train.skip_zero_advantage true", "4 optimizer steps an epoch on one worker (theirs 1: "
+                      "train.gradient_accumulation_steps 4"):  # 64 samples in micro-batches of 16
+        assert departure in note
+    recipe = ["train.algorithm=awm", "train.timestep_fraction=0.9", "train.beta=0.001",
+              "train.skip_zero_advantage=false", "train.gradient_accumulation_steps=4"]
+    assert algorithm_notes(load_config(TINY_CONFIG, recipe)) == []
+    (note,) = algorithm_notes(load_config(TINY_CONFIG, [*recipe, "train.gradient_accumulation_steps=2"]))
+    assert note.endswith("in 2 optimizer steps an epoch on one worker (theirs 1: train.gradient_accumulation_steps "
+                         "4, the epoch's micro-batches)")

@@ -113,25 +113,36 @@ def test_an_sde_window_under_an_ode_algorithm_is_a_note_not_an_error():
     assert algorithm_notes(load_config(TINY, ["train.algorithm=flow_grpo", *window])) == []
 
 
-def test_flow_grpo_hands_its_guard_mean_shift_to_the_update_and_notes_it_unread(monkeypatch):
-    """train.flow_grpo.guard_mean_shift reaches policy_update; without train.grpo_guard it is read by nothing, and
-    FlowGRPO says so."""
-    from types import SimpleNamespace
-
-    import components.flowgrpo.update as update
-    from components.algorithms.flow_grpo import FlowGRPO
+def test_flow_grpo_notes_its_guard_mean_shift_unread_without_the_guard():
+    """train.flow_grpo.guard_mean_shift is read with train.grpo_guard (tests/integration/test_update_fidelity.py);
+    without it by nothing, and FlowGRPO says so."""
     from components.trainer.config import algorithm_notes
 
-    seen = {}
-    monkeypatch.setattr(update, "policy_update", lambda *args, **kwargs: seen.update(kwargs) or {})
-    model = SimpleNamespace(training_guidance_scale=lambda scale, train_cfg: 1.0)
     for shift in ("sample", "batch"):
-        config = load_config(TINY, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"])
-        FlowGRPO(config, model, []).update(None, None, None, None, None)
-        assert seen["guard_mean_shift"] == shift
-        assert algorithm_notes(config) == []
+        assert algorithm_notes(load_config(TINY, ["train.grpo_guard=true", f"train.flow_grpo.guard_mean_shift={shift}"]
+                                           )) == []
     assert algorithm_notes(load_config(TINY, ["train.flow_grpo.guard_mean_shift=batch"])) == [
         "train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
+
+
+def test_a_changed_key_in_the_section_of_an_algorithm_the_run_does_not_read_is_a_note():
+    """A config may carry every algorithm's section (tiny-cpu.yaml spells two at their defaults: no note); a key
+    changed in one the selected algorithm does not read would otherwise be silently inert."""
+    from components.trainer.config import algorithm_notes
+
+    assert algorithm_notes(load_config(TINY, [])) == []
+    assert algorithm_notes(load_config(TINY, ["train.diffusion_nft.beta=2", "train.diffusion_nft.max_decay=0.2",
+                                              "train.diffusion_nft.decay_rate=0.001"])) == [
+        "train.diffusion_nft.beta, train.diffusion_nft.max_decay are not used: train.algorithm is flow_grpo, which "
+        "reads train.flow_grpo"]
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=diffusion_nft", "train.mix_grpo.window_size=2"])) == [
+        "train.mix_grpo.window_size is not used: train.algorithm is diffusion_nft, which reads train.diffusion_nft"]
+    # MixGRPO is built on FlowGRPO and reads its section as well as its own
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=mix_grpo", "train.grpo_guard=true",
+                                              "train.flow_grpo.guard_mean_shift=batch"])) == []
+    assert algorithm_notes(load_config(TINY, ["train.algorithm=flow_grpo", "train.grpo_guard=true",
+                                              "train.mix_grpo.stride=2"])) == [
+        "train.mix_grpo.stride is not used: train.algorithm is flow_grpo, which reads train.flow_grpo"]
 
 
 def test_duplicate_reward_is_rejected(tmp_path):
@@ -216,14 +227,16 @@ def test_an_epoch_splits_per_worker():
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_algorithm_is_selected_in_every_shipped_config_by_one_override(path):
     """`flowgrpo run --local --config X train.algorithm=<key>` for every pair: what the override leaves unread
-    (an SDE window under an ODE algorithm) is a note, never a refusal."""
+    (an SDE window under an ODE algorithm), and where AWM departs from its authors' recipe, is a note, never a
+    refusal."""
     from components.algorithms.base import algorithms
     from components.trainer.config import algorithm_notes
 
     for key, cls in algorithms().items():
         config = load_config(path, [f"train.algorithm={key}"])
         assert config.train.algorithm == key and isinstance(getattr(config.train, key), cls.Config)
-        assert all(isinstance(note, str) and "not used" in note for note in algorithm_notes(config))
+        assert all(isinstance(note, str) and ("not used" in note or note.startswith("AWM departs from"))
+                   for note in algorithm_notes(config))
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)

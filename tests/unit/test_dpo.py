@@ -85,21 +85,30 @@ def test_at_the_reference_the_loss_is_log_2_and_no_pair_is_preferred():
 def test_pairs_are_each_groups_best_and_worst():
     # groups interleaved and out of order: the pair is found by prompt_index, not by position
     prompt_index = torch.tensor([2, 0, 2, 0, 1, 1, 2, 0])
-    advantages = torch.tensor([0.5, -1.0, -2.0, 3.0, 0.1, -0.1, 1.5, 0.0])
-    winners, losers, unpaired = preference_pairs(prompt_index, advantages)
+    rewards = torch.tensor([0.5, -1.0, -2.0, 3.0, 0.1, -0.1, 1.5, 0.0])
+    winners, losers, unpaired = preference_pairs(prompt_index, rewards)
     assert winners.tolist() == [3, 4, 6] and losers.tolist() == [1, 5, 2]
     assert unpaired == 0
 
 
 def test_ties_take_the_first_sample_and_equal_groups_give_no_pair():
     prompt_index = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 3, 3])
-    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0,  # ties at both ends: the first of each
-                               0.0, 0.0, 0.0,  # a zero-std group
-                               4.0,  # a group of one
-                               2.0, 2.0])  # equal, not zero
-    winners, losers, unpaired = preference_pairs(prompt_index, advantages)
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0,  # ties at both ends: the first of each
+                            0.0, 0.0, 0.0,  # a zero-std group
+                            4.0,  # a group of one
+                            2.0, 2.0])  # equal, not zero
+    winners, losers, unpaired = preference_pairs(prompt_index, rewards)
     assert winners.tolist() == [0] and losers.tolist() == [1]
     assert unpaired == 3
+
+
+def test_a_failed_reward_is_no_candidate():
+    """A failed (NaN) reward is neither best nor worst; a group left with one scored sample has no pair."""
+    prompt_index = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    rewards = torch.tensor([float("nan"), 0.1, 0.3, -float("inf"), 0.5, float("nan"), float("nan")])
+    winners, losers, unpaired = preference_pairs(prompt_index, rewards)
+    assert winners.tolist() == [2] and losers.tolist() == [1]
+    assert unpaired == 1
 
 
 def test_no_pairs_at_all_is_empty_not_an_error():

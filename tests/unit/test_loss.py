@@ -175,7 +175,7 @@ GUARD_CLIP = 1e-3
 
 
 def _ours(mean_shift: str, seed: int, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """flow_grpo_loss with GRPO-Guard as policy_update calls it: the loss, its gradient in the new velocity and
+    """flow_grpo_loss with GRPO-Guard as FlowGRPO.loss calls it: the loss, its gradient in the new velocity and
     the mean ratio."""
     from components.flowgrpo.loss import GuardTerms
 

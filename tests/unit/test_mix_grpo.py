@@ -80,6 +80,22 @@ def test_config_notes_the_unread_sde_window_and_refuses_too_few_steps():
         load_config(TINY_CONFIG, ["train.mix_grpo.tail_ratio=0"])
 
 
+def test_the_guard_mean_shift_is_flow_grpos_key_read_by_mix_grpo_and_refused_in_its_own_section():
+    """MixGRPO's policy gradient is FlowGRPO's: its one key train.flow_grpo.guard_mean_shift (the loss reading it:
+    tests/integration/test_update_fidelity.py), never a second copy under train.mix_grpo that the documented key
+    would silently lose to."""
+    from components.errors import ConfigError
+    from components.trainer.config import algorithm_notes
+    from pipeline.config import TINY_CONFIG, load_config
+
+    mix = ["train.algorithm=mix_grpo", "train.flow_grpo.guard_mean_shift=batch"]
+    assert algorithm_notes(load_config(TINY_CONFIG, [*mix, "train.grpo_guard=true"])) == []
+    assert algorithm_notes(load_config(TINY_CONFIG, mix)) == [
+        "train.flow_grpo.guard_mean_shift is not used: train.grpo_guard is false"]
+    with pytest.raises(ConfigError, match=r"train\.mix_grpo\.guard_mean_shift.*unknown key"):
+        load_config(TINY_CONFIG, ["train.algorithm=mix_grpo", "train.mix_grpo.guard_mean_shift=batch"])
+
+
 # -- the solver: closed forms -------------------------------------------------------------------------
 
 
