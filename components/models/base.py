@@ -1,7 +1,7 @@
 """The model adapter: what the trainer needs from a text-to-image (or text-to-video) flow-matching pipeline.
 
-The trainer only talks to this interface; model families (SD3, FLUX.1, Qwen-Image, Wan)
-implement it in a module of their own (docs/MODELS.md).
+The trainer only talks to this interface; each model family implements it in a folder of its own, registered in
+``families.py`` (docs/MODELS.md).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict
 
 from components.errors import ModelLoadError
-from components.models.config import GuidanceMode, LoRAConfig
+from components.models.config import LoRAConfig
+from components.models.families import GuidanceMode
 
 T = TypeVar("T")
 ADAPTER_NAME = "default"

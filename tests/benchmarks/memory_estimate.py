@@ -24,7 +24,6 @@ rollout's stored latents and embeddings (a few MB).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import weakref
 from collections.abc import Iterator
@@ -47,13 +46,13 @@ from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.flowgrpo.sde import sde_step_with_logprob
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import LoRAConfig
-from components.models.flux_kontext import FluxKontextModel
-from components.models.loading import PIPELINES
-from components.models.qwenimage import QwenImageModel
-from components.models.qwenimage_edit import QwenImageEditModel
-from components.models.wan import WanModel
-from components.models.wan_i2v import WanImageToVideoModel
-from components.models.zimage import ZImageModel
+from components.models.families import load, pipelines
+from components.models.flux.kontext import FluxKontextModel
+from components.models.qwenimage.adapter import QwenImageModel
+from components.models.qwenimage.edit import QwenImageEditModel
+from components.models.wan.adapter import WanModel
+from components.models.wan.i2v import WanImageToVideoModel
+from components.models.zimage.adapter import ZImageModel
 
 GIB = 2**30
 SIGMA, SIGMA_NEXT = 0.7, 0.6  # any step: activation memory does not depend on the noise level
@@ -191,9 +190,8 @@ class LoRA:
 
 
 def adapter_class(pipeline) -> type[FlowMatchingModel]:
-    """The trainer's adapter for this pipeline (``models.PIPELINES``, as ``load_model`` picks it)."""
-    module, name = PIPELINES[type(pipeline).__name__]
-    return getattr(importlib.import_module(module), name)
+    """The trainer's adapter for this pipeline (the family registry's, as ``load_model`` picks it)."""
+    return load(pipelines()[type(pipeline).__name__].adapter)
 
 
 def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype = torch.bfloat16,

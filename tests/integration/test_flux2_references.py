@@ -15,7 +15,7 @@ from components.errors import ModelLoadError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models.config import ModelConfig
-from components.models.flux2 import MAX_REFERENCES
+from components.models.flux2.adapter import MAX_REFERENCES
 from components.models.loading import load_model
 
 G = 4.0  # the base model's CFG, as tiny-flux2-cpu.yaml samples

@@ -18,8 +18,8 @@ from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_roll
 from components.flowgrpo.sde import euler_step
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.loading import load_model
-from components.models.qwenimage_edit import QwenImageEditModel
-from components.models.tiny_qwenimage_edit import build_tiny_qwenimage_edit
+from components.models.qwenimage.edit import QwenImageEditModel
+from components.models.qwenimage.tiny_edit import build_tiny_qwenimage_edit
 
 RES, G, NEGATIVE = 64, 4.0, " "  # 64 px: 2x2 tokens of the 16x-downsampling tiny VAE
 PROMPTS = ["make the square red", "remove the blue circle on the left of the picture"]

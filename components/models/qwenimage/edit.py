@@ -26,7 +26,7 @@ from transformers import Qwen2VLProcessor
 
 from components.errors import ModelLoadError
 from components.models.base import PromptEmbeddings, input_pixels, same_images
-from components.models.qwenimage import QwenImageModel
+from components.models.qwenimage.adapter import QwenImageModel
 
 NEGATIVE_KEYS = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
 

@@ -22,7 +22,7 @@ import torch
 
 from components.errors import DataError, ModelLoadError
 from components.models.base import PromptEmbeddings, input_pixels, same_images, wan_latent_stats
-from components.models.wan import WanModel
+from components.models.wan.adapter import WanModel
 
 
 class WanImageToVideoModel(WanModel):

@@ -12,7 +12,7 @@ import math
 import torch
 
 from components.models.base import PromptEmbeddings
-from components.models.flux import FluxModel
+from components.models.flux.adapter import FluxModel
 
 # input images per VAE-encoder forward: its activations at 512 px are 0.31 GiB an image in bf16 (counted with
 # fake tensors), so the 64 prompts the prompt cache encodes at a time would need 20 GiB in one forward

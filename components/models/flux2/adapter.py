@@ -27,7 +27,7 @@ import torch
 
 from components.errors import ModelLoadError
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings, same_images
-from components.models.config import GuidanceMode
+from components.models.families import GuidanceMode
 
 # Flow-Factory's default klein targets (src/flow_factory/models/flux/flux2_klein.py, commit a0b2bc5a): the joint
 # attention, both SwiGLU feed-forwards of the double-stream blocks, and the single-stream blocks' fused QKV + MLP
