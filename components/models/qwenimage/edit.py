@@ -24,7 +24,7 @@ from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
 from PIL import Image
 from transformers import Qwen2VLProcessor
 
-from components.errors import ModelLoadError
+from components.errors import DataError
 from components.models.base import PromptEmbeddings, input_pixels, same_images
 from components.models.qwenimage.adapter import QwenImageModel
 
@@ -56,8 +56,8 @@ class QwenImageEditModel(QwenImageModel):
         # samples of one prompt and image (the evaluation's images_per_prompt)
         same = all(p == prompts[0] for p in prompts) and all(same_images(row, images[0]) for row in images)
         if not same:
-            raise ModelLoadError(f"{type(self.pipeline).__name__} edits one prompt and input image per call; got "
-                                 f"{len(prompts)} different ones")
+            raise DataError(f"{type(self.pipeline).__name__} edits one prompt and input image per call; got "
+                            f"{len(prompts)} different ones")
         return {**inputs, "prompt": prompts[:1], "image": list(images[0]), "num_images_per_prompt": len(prompts)}
 
     @torch.no_grad()
