@@ -196,6 +196,12 @@ class FlowMatchingModel(ABC):
         float32 in [-1, 1] at the model's resolution R with N = ``input_images``; None for a text-to-image
         family (``check_input_images`` refuses a mismatch before this is called)."""
 
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the forwards read of each prompt's input images (``images`` as ``encode_prompts`` takes them), by
+        the pipeline's own encoding: tensors with one row per prompt, among the embedding's ``condition_keys``. A
+        family that takes input images implements it; ``encode_prompts`` adds its tensors to the text's."""
+        raise NotImplementedError(f"{type(self.pipeline).__name__} takes no input images")
+
     def check_input_images(self, count: int, where: str) -> None:
         """Refuse rows carrying ``count`` input images each when this family takes another number."""
         family = type(self.pipeline).__name__

@@ -66,13 +66,17 @@ class QwenImageEditModel(QwenImageModel):
             return super().encode_prompts(prompts)
         rows = []
         for prompt, image in zip(prompts, images[:, 0], strict=True):
-            pil = _pil(image)
-            condition = self._resized(pil, plus.CONDITION_IMAGE_SIZE)
+            condition = self._resized(_pil(image), plus.CONDITION_IMAGE_SIZE)
             text = self._text(prompt, condition)
             negative = self._text(self.negative_prompt, condition)
-            rows.append(PromptEmbeddings({**text, **dict(zip(NEGATIVE_KEYS, negative.values(), strict=True)),
-                                          "image_latents": self._image_latents(pil)}))
-        return PromptEmbeddings.cat(rows)
+            rows.append(PromptEmbeddings({**text, **dict(zip(NEGATIVE_KEYS, negative.values(), strict=True))}))
+        return PromptEmbeddings({**PromptEmbeddings.cat(rows).tensors, **self.encode_input_images(images)})
+
+    @torch.no_grad()
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``image_latents``: each input's packed VAE tokens; the text encoder's view of it is in the prompt's
+        embedding (``encode_prompts``)."""
+        return {"image_latents": torch.cat([self._image_latents(_pil(image)) for image in images[:, 0]])}
 
     def _text(self, prompt: str, condition: Image.Image) -> dict[str, torch.Tensor]:
         embeds, mask = self.pipeline.encode_prompt(prompt=[prompt], image=[condition], device=self.device)
