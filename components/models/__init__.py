@@ -1,3 +1,3 @@
-"""The model adapters (``base.py``; one module per family, the tiny builders) and their loader (``loading.py``).
-Importing the package imports nothing heavy: the `model:` section (``config.py``) is read where torch is not
-installed (the components image)."""
+"""The model adapters (``base.py``; one folder per family with its adapters and tiny twins, registered in
+``families.py``) and their loader (``loading.py``). Importing the package imports nothing heavy: the `model:` section
+(``config.py``) and the family registry are read where torch is not installed (the components image)."""

@@ -1,7 +1,7 @@
 """The model adapter: what the trainer needs from a text-to-image (or text-to-video) flow-matching pipeline.
 
-The trainer only talks to this interface; model families (SD3, FLUX.1, Qwen-Image, Wan)
-implement it in a module of their own (docs/MODELS.md).
+The trainer only talks to this interface; each model family implements it in a folder of its own, registered in
+``families.py`` (docs/MODELS.md).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from peft.tuners.lora import LoraLayer
 from peft.utils import get_peft_model_state_dict
 
 from components.errors import ModelLoadError
-from components.models.config import GuidanceMode, LoRAConfig
+from components.models.config import LoRAConfig
+from components.models.families import GuidanceMode
 
 T = TypeVar("T")
 ADAPTER_NAME = "default"
@@ -194,6 +195,12 @@ class FlowMatchingModel(ABC):
         """Conditional embeddings, one row per prompt. ``images``: each prompt's input images, (B, N, 3, R, R)
         float32 in [-1, 1] at the model's resolution R with N = ``input_images``; None for a text-to-image
         family (``check_input_images`` refuses a mismatch before this is called)."""
+
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the forwards read of each prompt's input images (``images`` as ``encode_prompts`` takes them), by
+        the pipeline's own encoding: tensors with one row per prompt, among the embedding's ``condition_keys``. A
+        family that takes input images implements it; ``encode_prompts`` adds its tensors to the text's."""
+        raise NotImplementedError(f"{type(self.pipeline).__name__} takes no input images")
 
     def check_input_images(self, count: int, where: str) -> None:
         """Refuse rows carrying ``count`` input images each when this family takes another number."""

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from components.config_base import Section
 from components.errors import ConfigError
+from components.models.families import pipelines, twins
 
 # The tiny model's LoRA also adapts the feed-forward layers and the output projection: with attention
 # alone a random 2-layer transformer cannot move the image statistics far (see tiny-cpu.yaml).
@@ -28,38 +29,21 @@ class LoRAConfig(Section):
     )
 
 
-# How each family guides sampling (docs/MODELS.md): `cfg` batches a negative-prompt pass with the prompt (SD3,
-# FLUX.2 klein base); `true_cfg` runs it separately and rescales to the conditional norm (Qwen-Image); `embedded`
-# feeds the scale to a guidance-distilled transformer (FLUX.1-dev); `none` has neither (FLUX.1-schnell, the
-# step-distilled FLUX.2 klein). The adapter of a `diffusers` kind reports its mode once loaded, and the same
-# check runs then.
-GuidanceMode = Literal["cfg", "true_cfg", "embedded", "none"]
-TINY_GUIDANCE: dict[str, GuidanceMode] = {"tiny-sd3": "cfg", "tiny-flux": "embedded", "tiny-flux-kontext": "embedded",
-                                          "tiny-qwenimage": "true_cfg",
-                                          "tiny-qwenimage-edit": "true_cfg",
-                                          "tiny-zimage": "cfg", "tiny-flux2": "cfg", "tiny-wan": "cfg",
-                                          "shapes-sd3": "cfg",
-                                          "shapes-kontext": "none", "tiny-wan-i2v": "cfg"}
-VIDEO_KINDS = ("tiny-wan", "tiny-wan-i2v", "diffusers")  # a diffusers pipeline's adapter checks num_frames when loaded
-SHAPES_RESOLUTION = 48  # the demo model's training resolution; its position embedding knows no other size
+def _kinds_description() -> str:
+    """``model.kind``'s values, from the family registry."""
+    registered = pipelines()
+    tiny = " / ".join(f"`{t.kind}` ({registered[t.pipeline].name})" for t in twins().values() if not t.about)
+    demos = [f"`{t.kind}`: {t.about}" for t in twins().values() if t.about]
+    return "; ".join([f"{tiny}: a tiny random pipeline of that model built from config", *demos,
+                      f"`diffusers`: load `path`, a saved pipeline of {', '.join(p.name for p in registered.values())} "
+                      "(its model_index.json names which)"])
+
+
+KINDS = (*twins(), "diffusers")  # what model.kind names: a model built in code, or a saved pipeline
 
 
 class ModelConfig(Section):
-    kind: Literal["tiny-sd3", "tiny-flux", "tiny-flux-kontext", "tiny-qwenimage", "tiny-zimage", "tiny-flux2",
-                  "tiny-wan", "tiny-wan-i2v", "shapes-sd3", "shapes-kontext", "tiny-qwenimage-edit",
-                  "diffusers"] = Field(
-        default="tiny-sd3",
-        description="`tiny-sd3` / `tiny-flux` / `tiny-flux-kontext` (FLUX.1-Kontext, edits an input image) / "
-                    "`tiny-qwenimage` / `tiny-zimage` / `tiny-flux2` (FLUX.2 klein) / "
-                    "`tiny-wan` (Wan2.1 text-to-video) / `tiny-wan-i2v` (Wan2.1 image-to-video) / "
-                    "`tiny-qwenimage-edit` (Qwen-Image-Edit-2509, edits an input image): random pipeline of "
-                    "that family built from config; "
-                    "`shapes-sd3`: the shipped demo model pretrained on drawn shapes (48 px); "
-                    "`shapes-kontext`: the shipped editing demo model (FLUX.1-Kontext on shapes-sd3's VAE and "
-                    "encoders, 48 px); `diffusers`: load "
-                    "`path` (SD3, FLUX.1, FLUX.1-Kontext, Qwen-Image, Qwen-Image-Edit-2509, Z-Image, FLUX.2 klein or "
-                    "Wan2.1 text- or image-to-video, from its model_index.json)",
-    )
+    kind: Literal[KINDS] = Field(default="tiny-sd3", description=_kinds_description())
     path: str | None = Field(default=None, description="diffusers pipeline directory or s3:// URI (kind=diffusers)")
     negative_prompt: str = Field(
         default="", description="negative prompt of CFG / true CFG; only read when sampling.guidance_scale > 1",
@@ -96,12 +80,14 @@ class ModelConfig(Section):
             raise ValueError("model.path is required when model.kind is 'diffusers'")
         if self.kind != "diffusers" and self.path:
             raise ValueError("model.path is only read when model.kind is 'diffusers'; remove it or change the kind")
-        if self.kind in ("shapes-sd3", "shapes-kontext") and self.resolution != SHAPES_RESOLUTION:
+        twin = twins().get(self.kind)
+        if twin and twin.resolution and self.resolution != twin.resolution:
             raise ValueError(f"model.resolution is {self.resolution}, but the {self.kind} demo model was trained at "
-                             f"{SHAPES_RESOLUTION} px; set model.resolution: {SHAPES_RESOLUTION}")
-        if self.num_frames != 1 and self.kind not in VIDEO_KINDS:
+                             f"{twin.resolution} px; set model.resolution: {twin.resolution}")
+        if self.num_frames != 1 and twin and not pipelines()[twin.pipeline].video:
+            video = [t.kind for t in twins().values() if pipelines()[t.pipeline].video]
             raise ValueError(f"model.num_frames is {self.num_frames}, but {self.kind} makes images; set "
-                             f"model.num_frames: 1 (video kinds: {', '.join(VIDEO_KINDS)})")
+                             f"model.num_frames: 1 (video kinds: {', '.join([*video, 'diffusers'])})")
         if self.resolution % 16:
             raise ValueError(f"model.resolution must be a multiple of 16, got {self.resolution}")
         return self

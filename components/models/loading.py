@@ -1,8 +1,7 @@
-"""Build a model adapter from the `model` config section: the family table and the loader."""
+"""Build a model adapter from the `model` config section, by the family registry (``families.py``)."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +11,7 @@ import torch
 from components.errors import ModelLoadError
 from components.models.base import TEXT_ENCODERS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import ModelConfig
+from components.models.families import load, pipelines, twins
 
 if TYPE_CHECKING:
     from diffusers import DiffusionPipeline
@@ -31,35 +31,9 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-# model_index.json class -> the adapter's module and class
-PIPELINES = {
-    "StableDiffusion3Pipeline": ("components.models.sd3", "SD3Model"),
-    "FluxPipeline": ("components.models.flux", "FluxModel"),
-    "FluxKontextPipeline": ("components.models.flux_kontext", "FluxKontextModel"),
-    "QwenImagePipeline": ("components.models.qwenimage", "QwenImageModel"),
-    "QwenImageEditPlusPipeline": ("components.models.qwenimage_edit", "QwenImageEditModel"),
-    "ZImagePipeline": ("components.models.zimage", "ZImageModel"),
-    "Flux2KleinPipeline": ("components.models.flux2", "Flux2KleinModel"),
-    "WanPipeline": ("components.models.wan", "WanModel"),
-    "WanImageToVideoPipeline": ("components.models.wan_i2v", "WanImageToVideoModel"),
-}
-TINY = {
-    "tiny-sd3": ("components.models.tiny_sd3", "build_tiny_sd3"),
-    "tiny-flux": ("components.models.tiny_flux", "build_tiny_flux"),
-    "tiny-flux-kontext": ("components.models.tiny_flux", "build_tiny_flux_kontext"),
-    "tiny-qwenimage": ("components.models.tiny_qwenimage", "build_tiny_qwenimage"),
-    "tiny-qwenimage-edit": ("components.models.tiny_qwenimage_edit", "build_tiny_qwenimage_edit"),
-    "tiny-zimage": ("components.models.tiny_zimage", "build_tiny_zimage"),
-    "tiny-flux2": ("components.models.tiny_flux2", "build_tiny_flux2"),
-    "tiny-wan": ("components.models.tiny_wan", "build_tiny_wan"),
-    "tiny-wan-i2v": ("components.models.tiny_wan_i2v", "build_tiny_wan_i2v"),
-    "shapes-sd3": ("components.models.shapes_sd3", "load_shapes_sd3"),
-    "shapes-kontext": ("components.models.shapes_kontext", "load_shapes_kontext"),
-}
-
-
-def _attr(spec: tuple[str, str]):
-    return getattr(importlib.import_module(spec[0]), spec[1])
+def _adapter(class_name: str) -> type[FlowMatchingModel]:
+    """The adapter registered for the pipeline class ``class_name``."""
+    return load(pipelines()[class_name].adapter)
 
 
 def check_model_path(config: ModelConfig) -> None:
@@ -93,7 +67,7 @@ def _load_diffusers(path: str, dtype: torch.dtype):
 
     try:
         return getattr(diffusers, class_name).from_pretrained(
-            str(root), dtype=dtype, local_files_only=True, **_attr(PIPELINES[class_name]).pipeline_components(root))
+            str(root), dtype=dtype, local_files_only=True, **_adapter(class_name).pipeline_components(root))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"model.path: cannot load {path}: {exc}") from exc
 
@@ -114,9 +88,9 @@ def _index_class(raw: bytes, index: str | Path, path: str) -> str:
         class_name = json.loads(raw)["_class_name"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"model.path: {index} is not a valid model_index.json ({exc})") from exc
-    if class_name not in PIPELINES:
+    if class_name not in pipelines():
         raise ModelLoadError(
-            f"model.path: {path} holds a {class_name}; supported pipelines: {', '.join(PIPELINES)}"
+            f"model.path: {path} holds a {class_name}; supported pipelines: {', '.join(pipelines())}"
         )
     return class_name
 
@@ -129,12 +103,12 @@ def load_model(config: ModelConfig, seed: int, *, on_device: bool = True,
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
     if pipeline is not None:
-        if type(pipeline).__name__ not in PIPELINES:
+        if type(pipeline).__name__ not in pipelines():
             raise ModelLoadError(f"the pipeline handed in is a {type(pipeline).__name__}; supported pipelines: "
-                                 f"{', '.join(PIPELINES)}")
+                                 f"{', '.join(pipelines())}")
         pipe = pipeline
-    elif config.kind in TINY:
-        pipe = _attr(TINY[config.kind])(config.resolution, seed)
+    elif config.kind in twins():
+        pipe = load(twins()[config.kind].builder)(config.resolution, seed)
         if dtype != torch.float32:
             pipe.to(dtype=dtype)
     else:
@@ -146,5 +120,5 @@ def load_model(config: ModelConfig, seed: int, *, on_device: bool = True,
         if module is not None:
             module.eval().requires_grad_(False)
     pipe.set_progress_bar_config(disable=True)
-    return _attr(PIPELINES[type(pipe).__name__])(pipe, device, dtype, config.negative_prompt,
-                                                 config.max_sequence_length, config.num_frames)
+    return _adapter(type(pipe).__name__)(pipe, device, dtype, config.negative_prompt, config.max_sequence_length,
+                                         config.num_frames)

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from components import environ
 from components.models.base import PromptEmbeddings
-from components.models.flux_kontext import FluxKontextModel
+from components.models.flux.kontext import FluxKontextModel
 from components.models.shapes_kontext import RESOLUTION, WEIGHTS, build_architecture
 from components.models.shapes_pretrain import (
     Progress,

@@ -18,8 +18,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, Flux
 from transformers import CLIPTextModel
 
 from components.models import shapes_sd3
-from components.models.config import SHAPES_RESOLUTION as RESOLUTION
-from components.models.tiny_sd3 import LATENT_CHANNELS
+from components.models.families import SHAPES_RESOLUTION as RESOLUTION
+from components.models.sd3.tiny import LATENT_CHANNELS
 
 WEIGHTS = Path(__file__).resolve().parent / "weights" / "shapes-kontext.safetensors"
 DOUBLE_BLOCKS = 2  # joint text / image blocks

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from components.errors import ModelLoadError
 from components.models import tiny_tokenizers as tok
-from components.models.config import SHAPES_RESOLUTION as RESOLUTION
-from components.models.tiny_sd3 import LATENT_CHANNELS, tiny_clip, tiny_t5, tiny_vae
+from components.models.families import SHAPES_RESOLUTION as RESOLUTION
+from components.models.sd3.tiny import LATENT_CHANNELS, tiny_clip, tiny_t5, tiny_vae
 from components.rewards.shape_scenes import VOCABULARY
 
 TEXT_LENGTH = 16  # tokens: the grammar's words are single tokens and its longest prompt has 7 words

@@ -14,7 +14,8 @@ from components.config_base import Section, Seed, chained, check_strings, format
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
 from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
-from components.models.config import TINY_GUIDANCE, GuidanceMode, ModelConfig
+from components.models.config import ModelConfig
+from components.models.families import GuidanceMode, twins
 from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
 from components.tracking.config import TrackingConfig
 
@@ -107,8 +108,9 @@ class TrainingJobConfig(Section):
         if not t.cfg_uncond_grad and not t.train_cfg:
             raise ValueError("train.cfg_uncond_grad is false but train.train_cfg is false: the training forward has "
                              "no unconditional CFG branch; remove train.cfg_uncond_grad or set train.train_cfg true")
-        if self.model.kind in TINY_GUIDANCE:
-            check_guidance(self, TINY_GUIDANCE[self.model.kind], self.model.kind)
+        twin = twins().get(self.model.kind)
+        if twin:
+            check_guidance(self, twin.guidance, self.model.kind)
         check_unique_keys(self.rewards, "rewards")
         if self.reward_server.url is None:  # a server of the user's own may serve rewards by other names
             check_names(self.rewards, "rewards")

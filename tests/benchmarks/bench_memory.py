@@ -95,15 +95,15 @@ def _text_tokens(config: ExperimentConfig, family: str) -> int:
 
         return memory_estimate.FAMILIES[family].text_tokens
     if family in ("flux2-klein", "flux2-klein-base"):
-        from components.models.flux2 import Flux2KleinModel
+        from components.models.flux2.adapter import Flux2KleinModel
 
         return config.model.max_sequence_length or Flux2KleinModel.default_max_sequence_length
     if family in ("wan21-1.3b", "wan21-i2v-14b"):
-        from components.models.wan import WanModel
+        from components.models.wan.adapter import WanModel
 
         return config.model.max_sequence_length or WanModel.default_max_sequence_length
-    from components.models.flux import FluxModel
-    from components.models.sd3 import SD3Model
+    from components.models.flux.adapter import FluxModel
+    from components.models.sd3.adapter import SD3Model
 
     sd3 = family.startswith("sd35")
     adapter = SD3Model if sd3 else FluxModel

@@ -24,7 +24,6 @@ rollout's stored latents and embeddings (a few MB).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import weakref
 from collections.abc import Iterator
@@ -47,13 +46,11 @@ from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
 from components.flowgrpo.sde import sde_step_with_logprob
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import LoRAConfig
-from components.models.flux_kontext import FluxKontextModel
-from components.models.loading import PIPELINES
-from components.models.qwenimage import QwenImageModel
-from components.models.qwenimage_edit import QwenImageEditModel
-from components.models.wan import WanModel
-from components.models.wan_i2v import WanImageToVideoModel
-from components.models.zimage import ZImageModel
+from components.models.families import load, pipelines
+from components.models.qwenimage.adapter import QwenImageModel
+from components.models.qwenimage.edit import QwenImageEditModel
+from components.models.wan.adapter import WanModel
+from components.models.zimage.adapter import ZImageModel
 
 GIB = 2**30
 SIGMA, SIGMA_NEXT = 0.7, 0.6  # any step: activation memory does not depend on the noise level
@@ -85,9 +82,6 @@ FAMILIES: dict[str, Family] = {
     # 14 px patches merged 2x2) between vision start / end
     "qwen-image-edit": Family(100 + 202, 6 + 202),
 }
-# Qwen-Image-Edit-2509's input image beside the noisy tokens: its VAE latents at 1024 x 1024 px whatever the output
-# size (the pipeline's VAE_IMAGE_SIZE), 64 x 64 tokens of 2x2 patches
-EDIT_IMAGE_TOKENS = (1024 // 16) ** 2
 
 
 # --- live-storage accounting ---
@@ -191,9 +185,8 @@ class LoRA:
 
 
 def adapter_class(pipeline) -> type[FlowMatchingModel]:
-    """The trainer's adapter for this pipeline (``models.PIPELINES``, as ``load_model`` picks it)."""
-    module, name = PIPELINES[type(pipeline).__name__]
-    return getattr(importlib.import_module(module), name)
+    """The trainer's adapter for this pipeline (the family registry's, as ``load_model`` picks it)."""
+    return load(pipelines()[type(pipeline).__name__].adapter)
 
 
 def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype = torch.bfloat16,
@@ -207,67 +200,55 @@ def fake_model(family: str, lora: LoRA, mode: FakeTensorMode, dtype: torch.dtype
     model = adapter_class(pipeline)(pipeline, torch.device("cpu"), dtype, "", num_frames=num_frames)
     model.add_lora(LoRAConfig(rank=lora.rank, alpha=lora.alpha, init="gaussian", target_modules=list(lora.targets)))
     with mode:
-        _fakeify(pipeline.transformer, lora.dtype)
-        _fakeify(pipeline.vae, lora.dtype)
+        # and the image encoder (Wan I2V's), which encode_input_images runs; counted with the text encoders
+        for module in (pipeline.transformer, pipeline.vae, getattr(pipeline, "image_encoder", None)):
+            if module is not None:
+                _fakeify(module, lora.dtype)
     return model
 
 
 def fake_embeds(model: FlowMatchingModel, mode: FakeTensorMode, rows: int, tokens: int, resolution: int = 512,
-                images: bool = True) -> PromptEmbeddings:
+                input_images: int | None = None) -> PromptEmbeddings:
     """Embeddings as the adapter's ``encode_prompts`` returns them: the text states in the model's dtype, with
     the pooled CLIP projection (SD3, FLUX.1), the text mask (Qwen-Image, Z-Image) or nothing else (FLUX.2 klein,
-    Wan); an editing or image-to-video family's image conditioning at ``resolution`` too (FLUX.1-Kontext's input
-    latents, Wan I2V's CLIP tokens and first frame), unless ``images`` is false (the negative text, which the CFG
-    negative rows complete with each row's).
+    Wan); with ``input_images`` per prompt (None: the adapter's number; 0: the text alone, as the negative the CFG
+    negative rows complete with each row's), what the adapter's own ``encode_input_images`` derives from them at
+    ``resolution``, run on the fake VAE and image encoder (their shapes, as the trainer's forwards see them; the
+    pixels are real zeros, which the pipelines' image processors read), and Qwen-Image-Edit's each row's
+    negative, whose text carries the input picture as the prompt's does.
 
     The mask is real and all ones: nothing padded, so ``_forward`` takes the unmasked path, as for one prompt.
     """
+    count = model.input_images if input_images is None else input_images
     config = model.transformer.config
     if isinstance(model, ZImageModel):  # captions of cap_feat_dim, their lengths in the mask
-        return PromptEmbeddings({"prompt_embeds": _empty(mode, (rows, tokens, config.cap_feat_dim), model.dtype),
-                                 "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
-    if isinstance(model, WanModel):  # UMT5 states of text_dim, padded with zeros, no mask
+        text = {"prompt_embeds": _empty(mode, (rows, tokens, config.cap_feat_dim), model.dtype),
+                "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)}
+    elif isinstance(model, WanModel):  # UMT5 states of text_dim, padded with zeros, no mask
         text = {"prompt_embeds": _empty(mode, (rows, tokens, config.text_dim), model.dtype)}
-        if isinstance(model, WanImageToVideoModel) and images:  # the CLIP image tokens, the mask + first-frame latents
-            clip = model.pipeline.image_encoder.config
-            side = clip.image_size // clip.patch_size
-            _, frames, h, w = model.latent_shape(resolution)
-            text["image_embeds"] = _empty(mode, (rows, side * side + 1, clip.hidden_size), model.dtype)
-            text["condition"] = _empty(mode, (rows, config.in_channels - config.out_channels, frames, h, w),
-                                       model.dtype)
-        return PromptEmbeddings(text)
-    text = _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)
-    if isinstance(model, QwenImageEditModel) and images:  # each row's negative (with the picture), input latents
-        negative = FAMILIES["qwen-image-edit"].negative_tokens
-        return PromptEmbeddings({
-            "prompt_embeds": text, "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long),
-            "negative_prompt_embeds": _empty(mode, (rows, negative, config.joint_attention_dim), model.dtype),
-            "negative_prompt_embeds_mask": torch.ones(rows, negative, dtype=torch.long),
-            "image_latents": _empty(mode, (rows, EDIT_IMAGE_TOKENS, config.in_channels), model.dtype)})
-    if isinstance(model, QwenImageModel):
-        return PromptEmbeddings({"prompt_embeds": text,
-                                 "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)})
-    if "pooled_projection_dim" not in config:  # FLUX.2 klein: the text states alone
-        return PromptEmbeddings({"prompt_embeds": text})
-    pooled = _empty(mode, (rows, config.pooled_projection_dim), model.dtype)
-    out = {"prompt_embeds": text, "pooled_projections": pooled}
-    if isinstance(model, FluxKontextModel) and images:  # the input's packed latents: the output's token count
-        out["image_latents"] = _empty(mode, (rows, *model.latent_shape(resolution)), model.dtype)
-    return PromptEmbeddings(out)
+    elif isinstance(model, QwenImageModel):
+        text = {"prompt_embeds": _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype),
+                "prompt_embeds_mask": torch.ones(rows, tokens, dtype=torch.long)}
+        if isinstance(model, QwenImageEditModel) and count:
+            negative = FAMILIES["qwen-image-edit"].negative_tokens
+            text.update(negative_prompt_embeds=_empty(mode, (rows, negative, config.joint_attention_dim), model.dtype),
+                        negative_prompt_embeds_mask=torch.ones(rows, negative, dtype=torch.long))
+    else:  # SD3 and FLUX.1 with the pooled projection; FLUX.2 klein has none
+        text = {"prompt_embeds": _empty(mode, (rows, tokens, config.joint_attention_dim), model.dtype)}
+        if "pooled_projection_dim" in config:
+            text["pooled_projections"] = _empty(mode, (rows, config.pooled_projection_dim), model.dtype)
+    if count:
+        text.update(model.encode_input_images(torch.zeros(rows, count, 3, resolution, resolution)))
+    return PromptEmbeddings(text)
 
 
 def fake_rollout(model: FlowMatchingModel, mode: FakeTensorMode, prompts: int, batch: int, resolution: int,
                  text_tokens: int, input_images: int = 0) -> Rollout:
     """A rollout of ``batch`` samples with one stored step, one prompt each; the latents, log-probs and
-    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers). With
-    ``input_images``, each prompt's embedding carries what the adapter's ``encode_input_images`` derives from that
-    many input images at ``resolution`` (run on the fake VAE: their shapes, as the trainer's forwards see them)."""
-    embeds = fake_embeds(model, mode, prompts, text_tokens, resolution)
-    if input_images:  # FLUX.2 klein's references, as many as the recipe's rows carry
-        pixels = _empty(mode, (prompts, input_images, 3, resolution, resolution))
-        embeds = PromptEmbeddings({**embeds.tensors, **model.encode_input_images(pixels)})
+    embeddings fakes, the indices and sigmas real (``step_log_prob`` reads the sigmas as numbers). Each prompt
+    comes with ``input_images`` input images at ``resolution`` (0: the adapter's number)."""
     return Rollout(
-        prompts=[""] * prompts, embeds=embeds,
+        prompts=[""] * prompts, embeds=fake_embeds(model, mode, prompts, text_tokens, resolution, input_images or None),
         prompt_index=torch.arange(batch), sigmas=torch.tensor([SIGMA]), sigmas_next=torch.tensor([SIGMA_NEXT]),
         trajectory=_empty(mode, (batch, 2, *model.latent_shape(resolution))), log_probs=_empty(mode, (batch, 1)),
         images=np.zeros((batch, 0, 0, 3), dtype=np.uint8),
@@ -387,7 +368,7 @@ def _activations(model: FlowMatchingModel, mode: FakeTensorMode, work: Workload)
     their transformer forwards."""
     result: dict[str, int] = {}
     # what negative_embeddings() caches
-    model._negative = fake_embeds(model, mode, 1, work.negative_tokens, images=False)
+    model._negative = fake_embeds(model, mode, 1, work.negative_tokens, input_images=0)
     rollout = fake_rollout(model, mode, max(work.sample_batch, work.train_batch), work.train_batch,
                            work.resolution, work.text_tokens, work.input_images)
     settings = work.sampler()

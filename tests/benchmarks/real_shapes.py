@@ -2,7 +2,7 @@
 model editing an input image), Qwen-Image, FLUX.2 klein 4B, Z-Image, Wan2.1 T2V 1.3B and Wan2.1 I2V 14B 480P, random
 weights.
 
-Built from config only (no files, no hub), after the tiny pipelines of ``components/models/tiny_*.py``:
+Built from config only (no files, no hub), after the tiny pipelines of ``components/models/<family>/tiny*.py``:
 fixed seeds, eval mode, ``requires_grad`` off. ``device="meta"`` builds every module without memory.
 
 Real (the published ``config.json`` values): the transformer (every width, head and block count unless
@@ -62,9 +62,9 @@ from transformers import (
 )
 
 from components.models import tiny_tokenizers as tok
-from components.models.tiny_flux2 import klein_tokenizer
-from components.models.tiny_qwenimage import CORPUS as QWEN_CORPUS
-from components.models.tiny_zimage import zimage_tokenizer
+from components.models.flux2.tiny import klein_tokenizer
+from components.models.qwenimage.tiny import CORPUS as QWEN_CORPUS
+from components.models.zimage.tiny import zimage_tokenizer
 
 FAMILIES = ("sd35-medium", "sd35-large", "flux1-dev", "qwen-image", "flux2-klein", "z-image", "wan21-1.3b",
             "flux1-kontext", "wan21-i2v-14b", "flux2-klein-base", "qwen-image-edit")
@@ -184,7 +184,7 @@ WAN21_1_3B_TRANSFORMER = dict(
 )
 # Its vae/config.json is AutoencoderKLWan's defaults (base_dim 96, z_dim 16, time 4x and space 8x compression), its
 # text_encoder google/umt5-xxl's encoder (T5-XXL's widths, 256384 tokens). Its scheduler is UniPC under flow_shift 3;
-# the adapter steps Euler under the same shift (components/models/wan.py), so that is the scheduler built here.
+# the adapter steps Euler under the same shift (components/models/wan/adapter.py), so that is the scheduler built here.
 UMT5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, relative_attention_num_buckets=32,
                 relative_attention_max_distance=128, feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6)
 WAN_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
@@ -203,7 +203,7 @@ CLIP_VIT_H_14 = dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers
                      image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu", layer_norm_eps=1e-5)
 
 REAL_VOCAB = {"clip": 49408, "t5": 32128, "qwen": 152064, "qwen3": 151936, "umt5": 256384}
-QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as tiny_qwenimage), plus the special tokens
+QWEN_TOKENIZER_VOCAB = 600  # BPE size of the tiny Qwen tokenizer (as qwenimage/tiny.py), plus the special tokens
 
 
 def describe() -> str:
@@ -450,8 +450,8 @@ def qwen_image_edit(device: torch.device | str = "cpu", dtype: torch.dtype = tor
     a processor for the input image (Qwen2.5-VL's 14 px patches, merged 2x2)."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from components.models.qwenimage_edit import ImageQwen2VLProcessor
-    from components.models.tiny_qwenimage_edit import CORPUS as EDIT_CORPUS
+    from components.models.qwenimage.edit import ImageQwen2VLProcessor
+    from components.models.qwenimage.tiny_edit import CORPUS as EDIT_CORPUS
 
     tokenizer = tok.qwen_tokenizer(EDIT_CORPUS, vocab_size=QWEN_TOKENIZER_VOCAB + 100)
     processor = ImageQwen2VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tokenizer)

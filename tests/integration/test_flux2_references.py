@@ -11,11 +11,11 @@ from PIL import Image
 from sde_reference import sde_transition
 
 from components.dataset.input_images import model_input
-from components.errors import ModelLoadError
+from components.errors import DataError, ModelLoadError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models.config import ModelConfig
-from components.models.flux2 import MAX_REFERENCES
+from components.models.flux2.adapter import MAX_REFERENCES
 from components.models.loading import load_model
 
 G = 4.0  # the base model's CFG, as tiny-flux2-cpu.yaml samples
@@ -185,7 +185,7 @@ def test_the_pipeline_call_takes_one_set_of_references_for_all_its_prompts():
     same = model.pipeline_inputs(["a cat", "a dog"], G, [[a, b], [a.copy(), b.copy()]])
     assert same["image"] == [a, b] and same["prompt"] == ["a cat", "a dog"]
     assert "image" not in model.pipeline_inputs(["a cat"], G, [[]])
-    with pytest.raises(ValueError, match="call it once per prompt when their references differ"):
+    with pytest.raises(DataError, match="call it once per prompt when their references differ"):
         model.pipeline_inputs(["a cat", "a dog"], G, [[a], [b]])
 
 

@@ -19,12 +19,12 @@ from components.dataset.input_images import model_input, square
 from components.errors import ModelLoadError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
-from components.models import flux_kontext
 from components.models.config import LoRAConfig, ModelConfig
-from components.models.flux_kontext import FluxKontextModel
+from components.models.flux import kontext
+from components.models.flux.kontext import FluxKontextModel
+from components.models.flux.tiny import build_tiny_flux_kontext
 from components.models.generate import generate
 from components.models.loading import load_model
-from components.models.tiny_flux import build_tiny_flux_kontext
 from pipeline.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +159,7 @@ def test_each_row_keeps_its_own_input_image_in_a_batch():
     """Two images give two velocities; a batch of rows (more than one VAE-encoder chunk of them) gives each row
     what it gives alone, encoding and velocity."""
     model = _model(lora=True)
-    n = flux_kontext.ENCODE_IMAGES + 1
+    n = kontext.ENCODE_IMAGES + 1
     raw = _raw_images(n)
     prompts = [PROMPTS[i % 2] for i in range(n)]
     batch = model.encode_prompts(prompts, model_input([[image] for image in raw], R))

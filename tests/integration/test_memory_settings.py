@@ -8,6 +8,7 @@ import torch
 from metric_rows import without_timing
 from rescoring import assert_ratio_is_one
 from safetensors.torch import load_file
+from tiny_families import recipe, text_twins
 
 from components.algorithms.flow_grpo import FlowGRPO
 from components.dataset.prepared import PromptRow
@@ -18,10 +19,9 @@ from components.models.base import TEXT_ENCODERS
 from components.models.loading import load_model
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer
-from pipeline.config import CONFIG_DIR, load_config
+from pipeline.config import load_config
 
-FAMILIES = {kind: CONFIG_DIR / ("tiny-cpu.yaml" if kind == "tiny-sd3" else f"{kind}-cpu.yaml")
-            for kind in ("tiny-sd3", "tiny-flux", "tiny-qwenimage", "tiny-zimage", "tiny-flux2", "tiny-wan")}
+FAMILIES = {kind: recipe(kind) for kind in text_twins()}
 SMALL = ["train.epochs=2", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=1", "train.beta=0.04",
          "tracking.system_metrics=false"]

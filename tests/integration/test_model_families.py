@@ -15,33 +15,27 @@ import pytest
 import torch
 from rescoring import assert_rescoring_is_exact
 from sde_reference import sde_transition
+from tiny_families import recipe, text_twins
 
 from components.errors import ConfigError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models.config import LoRAConfig, ModelConfig
+from components.models.families import load, tiny_twins
 from components.models.generate import generate
 from components.models.loading import load_model
-from components.models.tiny_flux import build_tiny_flux
-from components.models.tiny_flux2 import build_tiny_flux2
-from components.models.tiny_qwenimage import build_tiny_qwenimage
-from components.models.tiny_zimage import build_tiny_zimage
 from components.trainer.loop import Trainer
 from pipeline.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = {"tiny-flux": build_tiny_flux, "tiny-qwenimage": build_tiny_qwenimage, "tiny-flux2": build_tiny_flux2,
-         "tiny-zimage": build_tiny_zimage}
-PIPELINE = {"tiny-flux": "FluxPipeline", "tiny-qwenimage": "QwenImagePipeline", "tiny-flux2": "Flux2KleinPipeline",
-            "tiny-zimage": "ZImagePipeline"}
-MODULES = {"tiny-flux": ("transformer", "vae", "text_encoder", "text_encoder_2"),
-           "tiny-qwenimage": ("transformer", "vae", "text_encoder"),
-           "tiny-flux2": ("transformer", "vae", "text_encoder"),
-           "tiny-zimage": ("transformer", "vae", "text_encoder")}
-# the family's guidance as its tiny config uses it: FLUX embeds 3.5, Qwen-Image runs true CFG at 4, FLUX.2 klein
-# (base) CFG at 4 against the empty prompt, Z-Image CFG at 4 (its pipeline's guidance_scale 3)
-GUIDANCE = {"tiny-flux": 3.5, "tiny-qwenimage": 4.0, "tiny-flux2": 4.0, "tiny-zimage": 4.0}
-NEGATIVE = {"tiny-flux": "", "tiny-qwenimage": " ", "tiny-flux2": "", "tiny-zimage": ""}
+# every family's text-to-image tiny twin but SD3's, the default model (test_tiny_model_rollout.py)
+KINDS = [kind for kind in text_twins(video=False) if kind != "tiny-sd3"]
+# the family's guidance and negative prompt as its recipe uses them: FLUX embeds 3.5, Qwen-Image runs true CFG at 4
+# against " ", FLUX.2 klein (base) CFG at 4 against the empty prompt, Z-Image CFG at 4 (its pipeline's
+# guidance_scale 3)
+RECIPES = {kind: load_config(recipe(kind)) for kind in KINDS}
+GUIDANCE = {kind: config.sampling.guidance_scale for kind, config in RECIPES.items()}
+NEGATIVE = {kind: config.model.negative_prompt for kind, config in RECIPES.items()}
 LONG_PROMPT = "a dog on a red sofa in a sunny room with a green plant, a wooden floor and a small blue book"
 SMALL = ["train.epochs=1", "sampling.prompts_per_epoch=2", "sampling.group_size=4", "sampling.batch_size_per_worker=8",
          "train.batch_size_per_worker=4", "sampling.num_steps=4", "train.checkpoint_every=1"]
@@ -52,7 +46,7 @@ def _quiet(_msg: str) -> None:
 
 
 def _config(kind: str, *overrides: str):
-    return load_config(CONFIG_DIR / f"{kind}-cpu.yaml", [*SMALL, *overrides])
+    return load_config(recipe(kind), [*SMALL, *overrides])
 
 
 def _model(kind: str, seed: int = 0):
@@ -62,23 +56,32 @@ def _model(kind: str, seed: int = 0):
     return model, model.add_lora(config.model.lora)
 
 
-def _state(pipe, kind):
-    return {f"{m}.{k}": v for m in MODULES[kind] for k, v in getattr(pipe, m).state_dict().items()}
+def _build(kind: str, seed: int):
+    """The tiny twin's pipeline at 32 px, by its registered builder."""
+    return load(tiny_twins()[kind].builder)(32, seed)
 
 
-@pytest.mark.parametrize("kind", BUILD)
+def _modules(pipe) -> dict[str, torch.nn.Module]:
+    return {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+
+
+def _state(pipe):
+    return {f"{name}.{k}": v for name, m in _modules(pipe).items() for k, v in m.state_dict().items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_tiny_pipeline_is_deterministic_per_seed_and_in_eval_mode(kind):
-    a, b, c = BUILD[kind](32, 0), BUILD[kind](32, 0), BUILD[kind](32, 1)
-    sa, sb, sc = _state(a, kind), _state(b, kind), _state(c, kind)
+    a, b, c = _build(kind, 0), _build(kind, 0), _build(kind, 1)
+    sa, sb, sc = _state(a), _state(b), _state(c)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
-    assert type(a).__name__ == PIPELINE[kind]
-    for m in MODULES[kind]:
-        assert not any(mod.training for mod in getattr(a, m).modules()), m
+    assert type(a).__name__ == tiny_twins()[kind].pipeline
+    for name, m in _modules(a).items():
+        assert not any(mod.training for mod in m.modules()), name
 
 
 def test_tiny_qwen_tokenizer_puts_the_template_prefix_in_the_34_tokens_the_pipeline_drops():
-    pipe = build_tiny_qwenimage(32, 0)
+    pipe = _build("tiny-qwenimage", 0)
     prefix = pipe.prompt_template_encode.split("{}")[0]
     assert len(pipe.tokenizer.encode(prefix)) == pipe.prompt_template_encode_start_idx == 34
     # so a prompt's embedding has one row per prompt token plus the template's 5-token suffix
@@ -87,7 +90,7 @@ def test_tiny_qwen_tokenizer_puts_the_template_prefix_in_the_34_tokens_the_pipel
     assert embeds.shape[1] == len(pipe.tokenizer.encode("a cat" + suffix))
 
 
-@pytest.mark.parametrize("kind", BUILD)
+@pytest.mark.parametrize("kind", KINDS)
 def test_ode_sampling_through_the_adapter_matches_the_pipelines_own_call(kind):
     """Schedule, packing, guidance (embedded / true CFG with norm rescale) and decoding as diffusers does."""
     model, _ = _model(kind)
@@ -233,7 +236,7 @@ def test_klein_pipeline_serves_the_negative_prompt_the_adapter_guides_against():
 
 
 def test_a_loaded_distilled_klein_rejects_guidance_before_training(tmp_path):
-    build_tiny_flux2(32, 0).save_pretrained(tmp_path / "klein")
+    _build("tiny-flux2", 0).save_pretrained(tmp_path / "klein")
     index_file = tmp_path / "klein" / "model_index.json"
     index = json.loads(index_file.read_text())
     assert index["is_distilled"] is False
@@ -250,10 +253,7 @@ def test_a_loaded_distilled_klein_rejects_guidance_before_training(tmp_path):
 
 @pytest.mark.parametrize(
     ("kind", "guidance", "sde_type", "window"),
-    [("tiny-flux", 3.5, "sde", None), ("tiny-flux", 1.0, "cps", (1, 2)),
-     ("tiny-qwenimage", 4.0, "sde", None), ("tiny-qwenimage", 1.0, "sde", (1, 2)),
-     ("tiny-flux2", 4.0, "sde", None), ("tiny-flux2", 4.0, "cps", (1, 2)),
-     ("tiny-zimage", 4.0, "sde", None), ("tiny-zimage", 1.0, "cps", (1, 2))],
+    [(kind, GUIDANCE[kind], "sde", None) for kind in KINDS] + [(kind, 1.0, "cps", (1, 2)) for kind in KINDS],
 )
 def test_rescoring_a_stored_trajectory_gives_ratio_exactly_one(kind, guidance, sde_type, window):
     model, params = _model(kind)
@@ -266,7 +266,7 @@ def test_rescoring_a_stored_trajectory_gives_ratio_exactly_one(kind, guidance, s
     assert_rescoring_is_exact(model, params, rollout, st, train_guidance)
 
 
-@pytest.mark.parametrize("kind", BUILD)
+@pytest.mark.parametrize("kind", KINDS)
 def test_saved_lora_reloads_through_the_pipelines_load_lora_weights_and_reproduces_images(kind, tmp_path):
     config = _config(kind, "train.learning_rate=0.05")
     trainer = Trainer(config, tmp_path, log=_quiet)
@@ -276,7 +276,7 @@ def test_saved_lora_reloads_through_the_pipelines_load_lora_weights_and_reproduc
     fresh = load_model(config.model, config.seed)
     base = generate(fresh, ["a cat on a sofa"] * 2, **kw)
     fresh.pipeline.load_lora_weights(str(tmp_path / "lora"))
-    assert type(fresh.pipeline).__name__ == PIPELINE[kind]
+    assert type(fresh.pipeline).__name__ == tiny_twins()[kind].pipeline
     reloaded = generate(fresh, ["a cat on a sofa"] * 2, **kw)
     assert np.array_equal(trained, reloaded)
     assert not np.array_equal(base, reloaded)
@@ -292,22 +292,23 @@ def test_saved_lora_reloads_through_the_pipelines_load_lora_weights_and_reproduc
     served = LoRAImageModel()
     served.load_context(SimpleNamespace(artifacts={"lora": str(tmp_path / "lora"),
                                                    "model": str(tmp_path / "model.json")}))
-    assert type(served.model.pipeline).__name__ == PIPELINE[kind]
+    assert type(served.model.pipeline).__name__ == tiny_twins()[kind].pipeline
     frame = served.predict(None, {"prompt": ["a cat on a sofa"] * 2},
                            params={"seed": 0, "num_inference_steps": 4, "guidance_scale": GUIDANCE[kind]})
     assert np.array_equal(np.stack([decode_image_b64(b, 4096) for b in frame["image_png_b64"]]), trained)
 
 
-@pytest.mark.parametrize("kind", BUILD)
+@pytest.mark.parametrize("kind", KINDS)
 def test_diffusers_kind_detects_the_family_from_model_index_and_loads_offline(kind, tmp_path):
-    BUILD[kind](32, 3).save_pretrained(tmp_path / "pipe")
-    assert json.loads((tmp_path / "pipe" / "model_index.json").read_text())["_class_name"] == PIPELINE[kind]
+    _build(kind, 3).save_pretrained(tmp_path / "pipe")
+    pipeline = tiny_twins()[kind].pipeline
+    assert json.loads((tmp_path / "pipe" / "model_index.json").read_text())["_class_name"] == pipeline
     loaded = load_model(ModelConfig(kind="diffusers", path=str(tmp_path / "pipe"),
                                     negative_prompt=NEGATIVE[kind]), seed=0)
     reference = load_model(ModelConfig(kind=kind, negative_prompt=NEGATIVE[kind]), seed=3)
-    assert type(loaded) is type(reference) and type(loaded.pipeline).__name__ == PIPELINE[kind]
+    assert type(loaded) is type(reference) and type(loaded.pipeline).__name__ == pipeline
     assert loaded.guidance_mode == reference.guidance_mode
-    ref, got = _state(reference.pipeline, kind), _state(loaded.pipeline, kind)
+    ref, got = _state(reference.pipeline), _state(loaded.pipeline)
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
     a, b = loaded.encode_prompts(["a red apple"]), reference.encode_prompts(["a red apple"])
     assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
@@ -429,7 +430,7 @@ def test_guidance_settings_a_family_cannot_honour_are_rejected_by_the_config(pat
 
 
 def test_a_loaded_flux_rejects_train_cfg_and_a_schnell_like_one_rejects_guidance_before_training(tmp_path):
-    dev = build_tiny_flux(32, 0)
+    dev = _build("tiny-flux", 0)
     dev.save_pretrained(tmp_path / "dev")
     base = [f"model.path={tmp_path / 'dev'}", "model.kind=diffusers"]
     with pytest.raises(ConfigError, match=r"train\.train_cfg must be false for FluxPipeline"):
@@ -467,12 +468,12 @@ FEWER_EPOCHS = {"tiny-qwenimage": 14, "tiny-zimage": 8}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", BUILD)
+@pytest.mark.parametrize("kind", KINDS)
 def test_tiny_family_config_learns(kind, tmp_path):
     """The acceptance criterion of the SD3 config: last-3-epoch mean > first mean + first std / 2, in half the
     config's epochs; Qwen-Image in 14 of 40 and Z-Image in 8 of 20, which pass it by epochs 9 and 5 (1.1 and 1.5
     first-epoch stds up at 14 and 8)."""
-    config = CONFIG_DIR / f"{kind}-cpu.yaml"
+    config = recipe(kind)
     epochs = FEWER_EPOCHS.get(kind, load_config(config).train.epochs // 2)
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(config), "--output",
                            str(tmp_path), f"train.epochs={epochs}"],

@@ -13,13 +13,13 @@ from PIL import Image
 from sde_reference import sde_transition
 
 from components.dataset.input_images import model_input
-from components.errors import ModelLoadError
+from components.errors import DataError
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
 from components.flowgrpo.sde import euler_step
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.loading import load_model
-from components.models.qwenimage_edit import QwenImageEditModel
-from components.models.tiny_qwenimage_edit import build_tiny_qwenimage_edit
+from components.models.qwenimage.edit import QwenImageEditModel
+from components.models.qwenimage.tiny_edit import build_tiny_qwenimage_edit
 
 RES, G, NEGATIVE = 64, 4.0, " "  # 64 px: 2x2 tokens of the 16x-downsampling tiny VAE
 PROMPTS = ["make the square red", "remove the blue circle on the left of the picture"]
@@ -87,7 +87,7 @@ def test_ode_sampling_through_the_adapter_matches_the_pipelines_own_call():
     assert torch.equal(negative["image_latents"], cond.tensors["image_latents"])
     assert np.abs(_pipeline_images(model, pil, noise, 1.0) - served).max() > 1e-3
     assert np.abs(_pipeline_images(model, pil[::-1], noise, G, "latent") - x.numpy()).max() > 1e-2
-    with pytest.raises(ModelLoadError, match="one prompt and input image per call"):
+    with pytest.raises(DataError, match="one prompt and input image per call"):
         model.pipeline_inputs(PROMPTS, G, [[p] for p in pil])
     # several samples of one prompt and image (the evaluation's) are one call, each sample its own noise
     twice = model.pipeline(height=RES, width=RES, num_inference_steps=4, latents=noise.clone(), output_type="latent",

@@ -10,7 +10,7 @@ from components import storage
 from components.errors import FlowGRPOError
 from components.models.config import ModelConfig
 from components.models.loading import load_model
-from components.models.tiny_sd3 import build_tiny_sd3
+from components.models.sd3.tiny import build_tiny_sd3
 from components.rewards.config import RewardSpec
 from components.rewards.registry import build_reward
 from pipeline.services.seaweed import running_seaweed

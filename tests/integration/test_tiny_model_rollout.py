@@ -8,7 +8,7 @@ from rescoring import assert_rescoring_is_exact
 from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.loading import load_model
-from components.models.tiny_sd3 import build_tiny_sd3
+from components.models.sd3.tiny import build_tiny_sd3
 
 MODULES = ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3")
 

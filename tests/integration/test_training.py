@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from components.errors import CheckpointError, ModelLoadError
 from components.models.config import ModelConfig
 from components.models.loading import load_model
-from components.models.tiny_sd3 import build_tiny_sd3
+from components.models.sd3.tiny import build_tiny_sd3
 from components.trainer import checkpoint as ckpt
 from components.trainer.loop import Trainer, _fingerprint
 from components.trainer.training_run import train

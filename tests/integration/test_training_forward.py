@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 from algorithm_runs import algorithm_on
+from tiny_families import recipe, text_twins
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from components.errors import ConfigError
@@ -17,14 +18,13 @@ from components.models.loading import load_model
 from pipeline.config import CONFIG_DIR, load_config
 
 SCALE = 4.5
-CONFIGS = {"tiny-sd3": "tiny-cpu.yaml", "tiny-flux": "tiny-flux-cpu.yaml", "tiny-qwenimage": "tiny-qwenimage-cpu.yaml",
-           "tiny-zimage": "tiny-zimage-cpu.yaml", "tiny-flux2": "tiny-flux2-cpu.yaml", "tiny-wan": "tiny-wan-cpu.yaml"}
-GUIDANCE = {"tiny-sd3": SCALE, "tiny-flux": 3.5, "tiny-qwenimage": 4.0, "tiny-zimage": 4.0, "tiny-flux2": 4.0,
-            "tiny-wan": 4.0}
+RECIPES = {kind: recipe(kind) for kind in text_twins()}
+# each family guided as its recipe guides it; at SCALE where the recipe samples unguided (tiny-cpu.yaml)
+GUIDANCE = {kind: load_config(path).sampling.guidance_scale for kind, path in RECIPES.items()}
 
 
 def _model(kind: str = "tiny-sd3", dtype: str = "float32"):
-    config = load_config(CONFIG_DIR / CONFIGS[kind], [f"model.dtype={dtype}"])
+    config = load_config(RECIPES[kind], [f"model.dtype={dtype}"])
     model = load_model(config.model, 0)
     torch.manual_seed(0)
     params = model.add_lora(config.model.lora)
@@ -123,7 +123,7 @@ def _settings(steps: int, guidance: float) -> SamplerSettings:
     return SamplerSettings(steps, guidance, 0.7, "sde", 32, sde, train)
 
 
-@pytest.mark.parametrize("kind", CONFIGS)
+@pytest.mark.parametrize("kind", RECIPES)
 def test_host_reads_per_rollout_and_update_do_not_grow_with_the_steps(kind):
     """Sampling and training make no host read per step (on a GPU, each would stall the launch queue).
 
@@ -134,8 +134,8 @@ def test_host_reads_per_rollout_and_update_do_not_grow_with_the_steps(kind):
     prompts = ["a cat", "a dog"]
     embeds = model.encode_prompts(prompts)
     model.negative_embeddings()
-    g = GUIDANCE[kind]
-    algorithm = algorithm_on(model, params, load_config(CONFIG_DIR / CONFIGS[kind], []), g, batch_size_per_worker=4,
+    g = GUIDANCE[kind] if GUIDANCE[kind] > 1 else SCALE
+    algorithm = algorithm_on(model, params, load_config(RECIPES[kind], []), g, batch_size_per_worker=4,
                              gradient_accumulation_steps=1, inner_epochs=1, clip_range=0.2, beta=0.04,
                              max_grad_norm=1.0, skip_zero_advantage=False, train_cfg=True)
     reads = {}

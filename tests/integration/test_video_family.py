@@ -23,7 +23,7 @@ from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_roll
 from components.flowgrpo.sde import euler_step
 from components.models.config import ModelConfig
 from components.models.loading import load_model
-from components.models.tiny_wan import build_tiny_wan
+from components.models.wan.tiny import build_tiny_wan
 from components.reward_server.settings import Limits, ServerSettings
 from components.rewards.base import PointwiseReward
 from components.rewards.codec import encode_raw_b64
@@ -296,7 +296,7 @@ def test_saved_lora_reloads_through_wan_pipelines_load_lora_weights_and_reproduc
 def test_a_saved_wan_pipeline_loads_offline_its_unipc_scheduler_replaced_by_euler_under_the_same_shift(tmp_path):
     from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-    from components.models.wan import WanModel
+    from components.models.wan.adapter import WanModel
 
     pipe = build_tiny_wan(32, 3)
     # as the released Wan2.1 pipelines ship it: UniPC on flow sigmas, here under shift 5 (their 720p value)

@@ -22,8 +22,8 @@ from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_roll
 from components.flowgrpo.sde import euler_step
 from components.models.config import ModelConfig
 from components.models.loading import load_model
-from components.models.tiny_wan_i2v import build_tiny_wan_i2v
-from components.models.wan_i2v import WanImageToVideoModel
+from components.models.wan.i2v import WanImageToVideoModel
+from components.models.wan.tiny_i2v import build_tiny_wan_i2v
 from pipeline.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,9 +20,9 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # A new module each (path, source) and what `lint-imports` must then report: the contract's name and the import.
 PROBES = {
     "model families only behind the adapters (components.models)": (
-        {"components/models/newfamily_probe.py": "",
-         "components/trainer/newfamily_user_probe.py": "import components.models.newfamily_probe\n"},
-        "components.trainer.newfamily_user_probe -> components.models.newfamily_probe"),
+        {"components/models/newfamily_probe/__init__.py": "", "components/models/newfamily_probe/adapter.py": "",
+         "components/trainer/newfamily_user_probe.py": "import components.models.newfamily_probe.adapter\n"},
+        "components.trainer.newfamily_user_probe -> components.models.newfamily_probe.adapter"),
     "mlflow only in components.tracking and components.registry": (
         {"components/dataset/mlflow_probe.py": "import mlflow\n"},
         "components.dataset.mlflow_probe -> mlflow"),
@@ -64,6 +64,7 @@ def test_a_new_module_that_makes_a_forbidden_import_breaks_its_contract(tmp_path
 
     for files, _ in PROBES.values():
         for path, source in files.items():
+            (tmp_path / path).parent.mkdir(exist_ok=True)
             (tmp_path / path).write_text(source)
     broken = _lint_imports(tmp_path)
 

@@ -207,7 +207,7 @@ def test_a_file_over_the_size_limit_is_refused_unread(tmp_path):
 
 
 def test_the_limits_take_what_the_families_take():
-    from components.models.flux2 import MAX_REFERENCES
+    from components.models.flux2.adapter import MAX_REFERENCES
 
     assert ii.MAX_IMAGES_PER_ROW == MAX_REFERENCES  # the most any family takes
     # an 8-bit RGB PNG at the pixel limit, stored uncompressed, is under the file-size limit

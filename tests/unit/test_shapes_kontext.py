@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from components.models import shapes_kontext, shapes_sd3
 from components.models.config import ModelConfig
-from components.models.flux_kontext import FluxKontextModel
+from components.models.flux.kontext import FluxKontextModel
 from components.models.loading import load_model
 from components.models.shapes_edit_pretrain import EditPretrainConfig, pretrain
 from components.rewards.shape_edits import BUILTIN_PATH

@@ -22,7 +22,7 @@ import torch
 
 from components.errors import DataError, ModelLoadError
 from components.models.base import PromptEmbeddings, input_pixels, same_images, wan_latent_stats
-from components.models.wan import WanModel
+from components.models.wan.adapter import WanModel
 
 
 class WanImageToVideoModel(WanModel):
@@ -67,9 +67,13 @@ class WanImageToVideoModel(WanModel):
         text = super().encode_prompts(prompts)
         if images is None:  # the text alone: the shared CFG negative
             return text
+        return PromptEmbeddings({**text.tensors, **self.encode_input_images(images)})
+
+    @torch.no_grad()
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The first frame's CLIP states ``image_embeds`` and its ``condition`` latents."""
         first = images[:, 0]
-        return PromptEmbeddings({**text.tensors, "image_embeds": self.encode_image(first),
-                                 "condition": self.encode_condition(first)})
+        return {"image_embeds": self.encode_image(first), "condition": self.encode_condition(first)}
 
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
         """(B, 3, R, R) in [-1, 1] -> the CLIP image encoder's penultimate states (B, tokens, width), through the

@@ -14,8 +14,8 @@ from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from components.models import tiny_tokenizers as tok
-from components.models.tiny_sd3 import VAE_BLOCKS
-from components.models.tiny_zimage import CHAT_TEMPLATE
+from components.models.sd3.tiny import VAE_BLOCKS
+from components.models.zimage.tiny import CHAT_TEMPLATE
 
 LATENT_CHANNELS = 8  # FLUX.2's VAE has 32; the transformer sees 4 x this per token
 TEXT_HIDDEN = 16

@@ -1,6 +1,6 @@
 """A random-initialised, Wan2.1-I2V-shaped image-to-video diffusers pipeline built from config only (no files, no hub).
 
-tiny-wan's text encoder, VAE and scheduler (components/models/tiny_wan.py) with the image-to-video parts at toy size:
+tiny-wan's text encoder, VAE and scheduler (``tiny.py``) with the image-to-video parts at toy size:
 a CLIP ViT image encoder (32 px, 8 px patches: 17 tokens, its penultimate layer's states read, as Wan2.1-I2V reads
 ViT-H/14's 257), its CLIPImageProcessor (resize, centre crop, CLIP's mean / std), and a transformer that takes the
 mask and the first frame's latents beside the noisy ones (2 x 16 + 2 input channels: the tiny VAE groups frames by
@@ -13,7 +13,7 @@ import torch
 from diffusers import WanImageToVideoPipeline
 from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionModel
 
-from components.models.tiny_wan import LATENT_CHANNELS, tiny_parts, tiny_transformer
+from components.models.wan.tiny import LATENT_CHANNELS, tiny_parts, tiny_transformer
 
 IMAGE_SIZE = 32
 IMAGE_HIDDEN = 32

@@ -1,7 +1,7 @@
 """A random-initialised Qwen-Image-Edit-2509-shaped diffusers pipeline (``QwenImageEditPlusPipeline``) built from
 config only (no files, no hub).
 
-The tiny Qwen-Image's transformer, scheduler and Qwen2.5-VL text encoder (tiny_qwenimage.py), here with the vision
+The tiny Qwen-Image's transformer, scheduler and Qwen2.5-VL text encoder (``tiny.py``), here with the vision
 tower the edit pipeline runs on its input image, a ``Qwen2VLProcessor`` built in memory, and a BPE tokenizer trained
 on the edit prompt template, so the template's system prefix is the 64 tokens the pipeline drops, as with the real
 vocabulary. The pipeline encodes its input image at its own sizes whatever the output's (the VAE at 1024x1024, the
@@ -16,8 +16,8 @@ from diffusers import AutoencoderKLQwenImage, QwenImageEditPlusPipeline
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from components.models import tiny_tokenizers as tok
-from components.models.qwenimage_edit import ImageQwen2VLProcessor
-from components.models.tiny_qwenimage import LATENT_CHANNELS, tiny_scheduler, tiny_text_encoder, tiny_transformer
+from components.models.qwenimage.edit import ImageQwen2VLProcessor
+from components.models.qwenimage.tiny import LATENT_CHANNELS, tiny_scheduler, tiny_text_encoder, tiny_transformer
 
 TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
             "background), then explain how the user's text instruction should alter or modify the image. Generate a "

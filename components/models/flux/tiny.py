@@ -11,7 +11,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxPipeline, FluxTransformer2DModel
 
 from components.models import tiny_tokenizers as tok
-from components.models.tiny_sd3 import (
+from components.models.sd3.tiny import (
     CLIP_HIDDEN,
     LATENT_CHANNELS,
     T5_DIM,
@@ -50,5 +50,5 @@ def build_tiny_flux(resolution: int, seed: int, pipeline_class: type = FluxPipel
 
 
 def build_tiny_flux_kontext(resolution: int, seed: int) -> FluxKontextPipeline:
-    """The same tiny model as a FLUX.1-Kontext pipeline: it edits an input image (``flux_kontext.py``)."""
+    """The same tiny model as a FLUX.1-Kontext pipeline: it edits an input image (``kontext.py``)."""
     return build_tiny_flux(resolution, seed, FluxKontextPipeline)

@@ -24,9 +24,9 @@ from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
 from PIL import Image
 from transformers import Qwen2VLProcessor
 
-from components.errors import ModelLoadError
+from components.errors import DataError
 from components.models.base import PromptEmbeddings, input_pixels, same_images
-from components.models.qwenimage import QwenImageModel
+from components.models.qwenimage.adapter import QwenImageModel
 
 NEGATIVE_KEYS = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
 
@@ -56,8 +56,8 @@ class QwenImageEditModel(QwenImageModel):
         # samples of one prompt and image (the evaluation's images_per_prompt)
         same = all(p == prompts[0] for p in prompts) and all(same_images(row, images[0]) for row in images)
         if not same:
-            raise ModelLoadError(f"{type(self.pipeline).__name__} edits one prompt and input image per call; got "
-                                 f"{len(prompts)} different ones")
+            raise DataError(f"{type(self.pipeline).__name__} edits one prompt and input image per call; got "
+                            f"{len(prompts)} different ones")
         return {**inputs, "prompt": prompts[:1], "image": list(images[0]), "num_images_per_prompt": len(prompts)}
 
     @torch.no_grad()
@@ -66,13 +66,17 @@ class QwenImageEditModel(QwenImageModel):
             return super().encode_prompts(prompts)
         rows = []
         for prompt, image in zip(prompts, images[:, 0], strict=True):
-            pil = _pil(image)
-            condition = self._resized(pil, plus.CONDITION_IMAGE_SIZE)
+            condition = self._resized(_pil(image), plus.CONDITION_IMAGE_SIZE)
             text = self._text(prompt, condition)
             negative = self._text(self.negative_prompt, condition)
-            rows.append(PromptEmbeddings({**text, **dict(zip(NEGATIVE_KEYS, negative.values(), strict=True)),
-                                          "image_latents": self._image_latents(pil)}))
-        return PromptEmbeddings.cat(rows)
+            rows.append(PromptEmbeddings({**text, **dict(zip(NEGATIVE_KEYS, negative.values(), strict=True))}))
+        return PromptEmbeddings({**PromptEmbeddings.cat(rows).tensors, **self.encode_input_images(images)})
+
+    @torch.no_grad()
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``image_latents``: each input's packed VAE tokens; the text encoder's view of it is in the prompt's
+        embedding (``encode_prompts``)."""
+        return {"image_latents": torch.cat([self._image_latents(_pil(image)) for image in images[:, 0]])}
 
     def _text(self, prompt: str, condition: Image.Image) -> dict[str, torch.Tensor]:
         embeds, mask = self.pipeline.encode_prompt(prompt=[prompt], image=[condition], device=self.device)

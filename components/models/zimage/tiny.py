@@ -14,7 +14,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTra
 from transformers import Qwen3Config, Qwen3Model
 
 from components.models import tiny_tokenizers as tok
-from components.models.tiny_sd3 import LATENT_CHANNELS, tiny_vae
+from components.models.sd3.tiny import LATENT_CHANNELS, tiny_vae
 
 TEXT_HIDDEN = 32
 # What Qwen3's template renders for one user message with add_generation_prompt and enable_thinking (the

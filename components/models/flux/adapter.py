@@ -11,7 +11,7 @@ import math
 import torch
 
 from components.models.base import PackedLatentModel, PromptEmbeddings
-from components.models.config import GuidanceMode
+from components.models.families import GuidanceMode
 
 
 class FluxModel(PackedLatentModel):

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from components.errors import ModelLoadError
+from components.errors import DataError, ModelLoadError
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings, same_images
-from components.models.config import GuidanceMode
+from components.models.families import GuidanceMode
 
 # Flow-Factory's default klein targets (src/flow_factory/models/flux/flux2_klein.py, commit a0b2bc5a): the joint
 # attention, both SwiGLU feed-forwards of the double-stream blocks, and the single-stream blocks' fused QKV + MLP
@@ -81,8 +81,8 @@ class Flux2KleinModel(FlowMatchingModel):
         if images and images[0]:
             # the pipeline's ``image=`` is one list of references for the whole batch
             if not all(same_images(row, images[0]) for row in images[1:]):
-                raise ValueError("Flux2KleinPipeline takes one set of reference images for all the prompts of a "
-                                 "call; call it once per prompt when their references differ")
+                raise DataError("Flux2KleinPipeline takes one set of reference images for all the prompts of a "
+                                "call; call it once per prompt when their references differ")
             inputs["image"] = list(images[0])
         return inputs
 

@@ -12,7 +12,7 @@ import math
 import torch
 
 from components.models.base import PromptEmbeddings
-from components.models.flux import FluxModel
+from components.models.flux.adapter import FluxModel
 
 # input images per VAE-encoder forward: its activations at 512 px are 0.31 GiB an image in bf16 (counted with
 # fake tensors), so the 64 prompts the prompt cache encodes at a time would need 20 GiB in one forward
@@ -38,7 +38,12 @@ class FluxKontextModel(FluxModel):
         text = super().encode_prompts(prompts)
         if images is None:  # the text alone: what negative_embeddings keeps
             return text
-        return PromptEmbeddings({**text.tensors, "image_latents": self.encode_image(images[:, 0])})
+        return PromptEmbeddings({**text.tensors, **self.encode_input_images(images)})
+
+    @torch.no_grad()
+    def encode_input_images(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``image_latents``: the input's packed tokens (``encode_image``)."""
+        return {"image_latents": self.encode_image(images[:, 0])}
 
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
         """(B, 3, R, R) in [-1, 1] -> packed image tokens in the model dtype, as many as a latent's (B, tokens,
