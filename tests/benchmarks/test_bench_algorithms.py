@@ -133,3 +133,22 @@ def test_every_registered_algorithm_is_benchmarked_on_the_demo_and_at_real_shape
     assert set(bench.ALGORITHMS) == set(ALGORITHM_RECIPES)
     for name, (recipe, overrides) in ALGORITHM_RECIPES.items():
         assert load_config(recipe, overrides).train.algorithm == selected(bench.ALGORITHMS[name]), name
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu", "gpu"])
+def test_every_algorithms_throughput_workload_selects_it_at_its_published_settings(cpu):
+    """The smoke run measures three algorithms; each one's workload (its recipe and overrides) loads here, on the
+    CPU stand-in and at the GPU shape, and selects what its name says."""
+    import bench_gpu_throughput as gpu
+
+    selected = {"flow_grpo": "flow_grpo", "grpo_guard": "flow_grpo", "diffusion_nft": "diffusion_nft",
+                "mix_grpo": "mix_grpo", "mix_grpo_flash": "mix_grpo", "dance_grpo": "flow_grpo", "awm": "awm",
+                "dpo": "dpo"}
+    assert set(gpu.ALGORITHM_RECIPES) == set(selected) == set(bench.ALGORITHMS)
+    for algorithm, key in selected.items():
+        config = gpu.workload(cpu, False, algorithm=algorithm)
+        assert config.train.algorithm == key, algorithm
+        assert config.train.grpo_guard == (algorithm == "grpo_guard")
+        assert (config.sampling.sde_type == "dance") == (algorithm == "dance_grpo")
+        assert (config.train.mix_grpo.ode_solver == "dpm2") == (algorithm == "mix_grpo_flash")
+        assert config.model.kind == ("tiny-sd3" if cpu else "diffusers")
