@@ -145,8 +145,8 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     """Train into ``output`` with ``launcher``; a retried step continues from the newest checkpoint there. Locally
     on ``ray_workers`` local Ray Train workers (0: in this process); in a cluster as a RayJob, followed to its
     end."""
-    from components.flowgrpo.metrics import describe_learning, learning_summary
     from components.tracking.pipeline_runs import child_run
+    from components.trainer.metrics import describe_learning, learning_summary
     from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, STEP_RUN_NAME
 
     launcher.train(config, output, run_id=run_id, parent_run_id=parent_run_id, workers=ray_workers, log=log)

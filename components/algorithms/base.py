@@ -24,8 +24,8 @@ from components.config_base import Section
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import Rollout, SamplerSettings
-    from components.flowgrpo.update import Optimization
+    from components.flow_rl.rollout import Rollout, SamplerSettings
+    from components.flow_rl.update import Optimization
     from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 # components.trainer.config.TrainingJobConfig, a layer above this one: `.train`, `.sampling`, `.model`, `.seed`
@@ -131,7 +131,7 @@ class Algorithm(ABC):
         pass takes what is left, never nothing), then ``optim`` takes one step. The metrics are means over the
         terms trained; trained_fraction is the share of the rollout's samples the passes trained. An algorithm that
         keeps values for one update (a noise generator, its pairs) sets them before calling this one."""
-        from components.flowgrpo.update import MetricMeans
+        from components.flow_rl.update import MetricMeans
 
         train = self.config.train
         update = Update(rollout, rewards, advantages, advantages.to(self.model.device), sampler, generator, optim,
@@ -159,8 +159,8 @@ class Algorithm(ABC):
 
     def micro_batches(self, update: Update) -> list[torch.Tensor]:
         """One pass's micro-batches of indices for `prepare`: by default of the rollout's samples, in a random order,
-        those with a zero advantage left out with train.skip_zero_advantage (`components.flowgrpo.update`)."""
-        from components.flowgrpo.update import micro_batches
+        those with a zero advantage left out with train.skip_zero_advantage (`components.flow_rl.update`)."""
+        from components.flow_rl.update import micro_batches
 
         train = self.config.train
         return micro_batches(update.advantages, train.batch_size_per_worker, train.skip_zero_advantage,
@@ -188,7 +188,7 @@ class Algorithm(ABC):
 
     def _sampler(self, sde_steps: tuple[int, ...], train_steps: tuple[int, ...], **changes: Any) -> SamplerSettings:
         """The epoch's sampler from ``sampling:``; ``changes`` override its fields."""
-        from components.flowgrpo.rollout import SamplerSettings
+        from components.flow_rl.rollout import SamplerSettings
 
         s = self.config.sampling
         fields = dict(num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level,

@@ -13,7 +13,7 @@ from components.algorithms.base import algorithm_class, algorithms, unread_secti
 from components.config_base import Section, Seed, chained, check_strings, format_validation_error
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
-from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
+from components.flow_rl.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
 from components.models.config import ModelConfig
 from components.models.families import GuidanceMode, twins
 from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys

@@ -19,8 +19,8 @@ from rescoring import assert_rescoring_is_exact
 from servers import running_server
 
 from components.errors import ModelLoadError
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.flowgrpo.sde import euler_step
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flow_rl.sde import euler_step
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.models.wan.tiny import build_tiny_wan
