@@ -13,7 +13,7 @@ from components.errors import ConfigError
 if TYPE_CHECKING:
     from components.launch.kubernetes.cluster_config import RayJobConfig
     from components.launch.kubernetes.reward_deploy_config import RewardDeployConfig
-    from components.rewards.config import RewardSpec
+    from components.rewards.registry import RewardSpec
 
 LOCAL_PREFIX = "local:"
 KUBERNETES = "kubernetes"

@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from components.config_base import Section, chained, check_strings, format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
-from components.rewards.config import RewardSpec, check_unique_keys
+from components.rewards.registry import RewardSpec, check_unique_keys
 
 # A request's body, per pixel of its images: base64 of raw RGB (what the trainer sends: 3 bytes, 4 characters) and
 # about the worst a PNG can be (incompressible); a JPEG is far smaller. Plus an allowance for the prompts, metadata

@@ -16,7 +16,8 @@ from components.errors import ConfigError
 from components.flow_rl.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
 from components.models.config import ModelConfig
 from components.models.families import GuidanceMode, twins
-from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
+from components.rewards.config import Aggregation, RewardServerConfig
+from components.rewards.registry import RewardSpec, check_names, check_unique_keys
 from components.tracking.config import TrackingConfig
 
 

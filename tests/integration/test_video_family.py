@@ -27,7 +27,7 @@ from components.models.wan.tiny import build_tiny_wan
 from components.reward_server.settings import Limits, ServerSettings
 from components.rewards.base import PointwiseReward
 from components.rewards.codec import encode_raw_b64
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 from components.rewards.scoring import RewardSet, call_reward
 from components.rewards.temporal import TemporalConsistency
 from components.trainer.samples import FRAME_MS, animated, key_frames, sample_grid

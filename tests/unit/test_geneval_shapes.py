@@ -9,9 +9,8 @@ from scipy.ndimage import gaussian_filter
 
 from components.errors import ConfigError
 from components.rewards.arguments import GenEvalShapesArgs
-from components.rewards.config import RewardSpec
 from components.rewards.geneval_shapes import GenEvalShapes
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from components.shapes.detect import detect_objects
 from components.shapes.scenes import (
     COLOURS,

@@ -10,9 +10,8 @@ from scipy.ndimage import gaussian_filter
 from components.dataset.config import BUILTIN_KINDS
 from components.rewards.arguments import EditConsistencyArgs, ShapesEditArgs
 from components.rewards.base import SampleError
-from components.rewards.config import RewardSpec
 from components.rewards.edit_consistency import EditConsistency, consistency
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from components.rewards.shapes_edit import ShapesEdit, edit_scores
 from components.shapes.edits import (
     BUILTIN_PATH,
