@@ -19,7 +19,7 @@ LOCAL_PREFIX = "local:"
 KUBERNETES = "kubernetes"
 
 
-class RunConfig(Protocol):
+class LauncherConfig(Protocol):
     """What a launcher reads of an experiment config (``pipeline.config.ExperimentConfig``): the rewards its server
     serves and how that server is deployed, the Ray cluster, and the whole config (the local launcher trains it as
     it is, the Kubernetes one puts it in the RayJob)."""
@@ -32,13 +32,13 @@ class RunConfig(Protocol):
 
 
 class Launcher(Protocol):
-    def start_reward_server(self, config: RunConfig, run_id: str, log: Callable[[str], None]) -> str:
+    def start_reward_server(self, config: LauncherConfig, run_id: str, log: Callable[[str], None]) -> str:
         """Start the run's reward server for ``config.rewards`` and return its URL once it is ready."""
 
-    def stop_reward_server(self, config: RunConfig, run_id: str, log: Callable[[str], None]) -> None:
+    def stop_reward_server(self, config: LauncherConfig, run_id: str, log: Callable[[str], None]) -> None:
         """Stop what ``start_reward_server`` started for ``run_id``; fine when nothing (or part of it) is there."""
 
-    def train(self, config: RunConfig, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
+    def train(self, config: LauncherConfig, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
               log: Callable[[str], None]) -> None:
         """Train ``config`` into ``output`` and return when the training has finished (raise when it failed)."""
 
