@@ -1,7 +1,7 @@
 """The pipeline's steps as plain functions.
 
 Each KFP component in ``pipeline/kfp_pipeline.py`` is a thin wrapper over one of these, so they run (and are
-tested) without KFP. The steps that start something are handed a launcher (``components.launch``): on this
+tested) without KFP. The steps that start something are handed a launcher (``components.launch.interface``): on this
 machine (reward server as a process, training on a local Ray; ``flowgrpo run --local``) or in a cluster
 (reward server as a Deployment, training as a KubeRay RayJob).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from components import environ, storage
 from components.console import status_line
 from components.errors import DataError
-from components.launch import Launcher
+from components.launch.interface import Launcher
 from pipeline.config import ExperimentConfig, config_from_parameter
 
 Log = Callable[[str], None]
