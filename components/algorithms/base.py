@@ -17,21 +17,31 @@ import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from components.config_base import Section
 
 if TYPE_CHECKING:
     import torch
 
+    from components.flow_rl.config import SamplingConfig, TrainConfig
     from components.flow_rl.rollout import Rollout, SamplerSettings
     from components.flow_rl.update import Optimization
     from components.models.base import FlowMatchingModel, PromptEmbeddings
+    from components.models.config import ModelConfig
 
-# components.trainer.config.TrainingJobConfig, a layer above this one: `.train`, `.sampling`, `.model`, `.seed`
-JobConfig = Any
 _PACKAGE = "components.algorithms"
 _NOT_ALGORITHMS = {"base"}
+
+
+class JobConfig(Protocol):
+    """What the algorithms read of a run's config (``components.trainer.config.TrainingJobConfig``, a layer above this
+    one): ``train:``, its shared keys with each algorithm's section as the attribute ``train.<key>``; ``sampling:``;
+    and ``model:`` (its resolution)."""
+
+    train: TrainConfig
+    sampling: SamplingConfig
+    model: ModelConfig
 
 
 class AlgorithmConfig(Section):
