@@ -259,20 +259,32 @@ def section_of(config: JobConfig) -> AlgorithmConfig:
     return getattr(config.train, config.train.algorithm)
 
 
-def unread_section_notes(config: JobConfig) -> list[str]:
-    """A note for each section of an algorithm the run does not read that sets a key to other than its default (a
-    config may carry every algorithm's section, as tiny-cpu.yaml does with their defaults, so that one override
-    switches algorithm; a setting changed there is one the user may expect to act)."""
+def unread_sections(config: JobConfig) -> dict[str, list[str]]:
+    """Each section ``train.<key>`` of an algorithm the run does not read, with the keys it sets to other than their
+    defaults (a config may carry every algorithm's section, as tiny-cpu.yaml does with their defaults, so that one
+    override switches algorithm)."""
     read = algorithm_class(config.train.algorithm).section_keys()
-    notes = []
-    for key in algorithms().keys() - read:
+    sections = {}
+    for key in sorted(algorithms().keys() - read):
         section = getattr(config.train, key)
-        changed = [f"train.{key}.{name}" for name in sorted(section.model_fields_set)
-                   if getattr(section, name) != section.default_of(name)]
-        if changed:
-            notes.append(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not used: train.algorithm "
-                         f"is {config.train.algorithm}, which reads {', '.join(f'train.{k}' for k in read)}")
-    return notes
+        sections[key] = [f"train.{key}.{name}" for name in sorted(section.model_fields_set)
+                         if getattr(section, name) != section.default_of(name)]
+    return sections
+
+
+def unread_section_notes(config: JobConfig) -> list[str]:
+    """A note for each section of an algorithm the run does not read that sets a key to other than its default: a
+    setting changed there is one the user may expect to act."""
+    read = ", ".join(f"train.{k}" for k in algorithm_class(config.train.algorithm).section_keys())
+    return [f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not used: train.algorithm is "
+            f"{config.train.algorithm}, which reads {read}" for changed in unread_sections(config).values() if changed]
+
+
+def idle_sections(config: JobConfig) -> list[str]:
+    """The sections ``train.<key>`` the run neither reads nor changes from their defaults: what a run is handed may
+    leave them out (its trainer fills them with the same defaults), while a changed one travels, so that its note
+    (``unread_section_notes``) is given where the run starts too."""
+    return [key for key, changed in unread_sections(config).items() if not changed]
 
 
 def algorithm_name(config: JobConfig) -> str:

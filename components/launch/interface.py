@@ -23,14 +23,17 @@ KUBERNETES = "kubernetes"
 
 class LauncherConfig(Protocol):
     """What a launcher reads of an experiment config (``pipeline.config.ExperimentConfig``): the rewards its server
-    serves and how that server is deployed, the Ray cluster, and the whole config (the local launcher trains it as
-    it is, the Kubernetes one puts it in the RayJob)."""
+    serves and how that server is deployed, the Ray cluster, and the config itself (the local launcher trains it as
+    it is, the Kubernetes one puts what the run is handed of it, ``run_data``, in the RayJob, named by a hash of the
+    whole ``model_dump``)."""
 
     rewards: list[RewardSpec]
     reward_deploy: RewardDeployConfig
     cluster: RayJobConfig
 
     def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+    def run_data(self) -> dict[str, Any]: ...
 
 
 class Launcher(Protocol):
