@@ -24,7 +24,7 @@ from components.errors import ConfigError
 from components.evaluate.config import EvalConfig
 from components.launch.kubernetes.cluster_config import RayJobConfig
 from components.launch.kubernetes.reward_deploy_config import RewardDeployConfig
-from components.rewards.config import RewardSpec, check_names, check_unique_keys
+from components.rewards.registry import RewardSpec, check_names, check_unique_keys
 from components.trainer.config import TrainingJobConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"

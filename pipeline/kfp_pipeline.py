@@ -49,7 +49,7 @@ def prepare_dataset(config: str, overrides: list, storage_root: str, dataset: Ou
 @_component(COMPONENTS_IMAGE)
 def deploy_reward_server(config: str, overrides: list, run_id: str, launcher: str) -> str:
     """Start the run's reward server and wait until it is ready; returns its URL."""
-    from components.launch import launcher_for
+    from components.launch.interface import launcher_for
     from pipeline import steps
 
     return steps.deploy_reward_server(steps.step_config(config, overrides), run_id, launcher_for(launcher))
@@ -59,7 +59,7 @@ def deploy_reward_server(config: str, overrides: list, run_id: str, launcher: st
 def train(config: str, overrides: list, storage_root: str, run_id: str, run_name: str, ray_workers: int,
           launcher: str, dataset: Input[Dataset], reward_url: str, model: Output[Model], metrics: Output[Metrics]):
     """FlowGRPO training as a KubeRay RayJob (locally: on a local Ray), followed to its end."""
-    from components.launch import launcher_for
+    from components.launch.interface import launcher_for
     from components.tracking.pipeline_runs import parent_run
     from pipeline import steps
 
@@ -119,7 +119,7 @@ def register(config: str, overrides: list, model: Input[Model], promoted: bool, 
 @_component(COMPONENTS_IMAGE)
 def teardown(config: str, overrides: list, run_id: str, launcher: str, status: dsl.PipelineTaskFinalStatus):
     """Exit task: delete the reward server whatever happened, close the MLflow parent run."""
-    from components.launch import launcher_for
+    from components.launch.interface import launcher_for
     from components.tracking.pipeline_runs import finish_parent_run
     from pipeline import steps
 

@@ -320,7 +320,7 @@ def run_local(config: ExperimentConfig, *, workdir: Path, ray_workers: int = 1, 
                             "RUN_COMMAND), which refuses a work directory another instance uses")
     from kfp import local
 
-    from components.launch import LOCAL_PREFIX
+    from components.launch.interface import LOCAL_PREFIX
     from components.launch.local import stop_all_local
     from pipeline.kfp_pipeline import build_pipeline
 

@@ -1,7 +1,7 @@
 """The pipeline's steps as plain functions.
 
 Each KFP component in ``pipeline/kfp_pipeline.py`` is a thin wrapper over one of these, so they run (and are
-tested) without KFP. The steps that start something are handed a launcher (``components.launch``): on this
+tested) without KFP. The steps that start something are handed a launcher (``components.launch.interface``): on this
 machine (reward server as a process, training on a local Ray; ``flowgrpo run --local``) or in a cluster
 (reward server as a Deployment, training as a KubeRay RayJob).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from components import environ, storage
 from components.console import status_line
 from components.errors import DataError
-from components.launch import Launcher
+from components.launch.interface import Launcher
 from pipeline.config import ExperimentConfig, config_from_parameter
 
 Log = Callable[[str], None]
@@ -145,8 +145,8 @@ def train(config: ExperimentConfig, output: str, *, run_id: str, parent_run_id: 
     """Train into ``output`` with ``launcher``; a retried step continues from the newest checkpoint there. Locally
     on ``ray_workers`` local Ray Train workers (0: in this process); in a cluster as a RayJob, followed to its
     end."""
-    from components.flowgrpo.metrics import describe_learning, learning_summary
     from components.tracking.pipeline_runs import child_run
+    from components.trainer.metrics import describe_learning, learning_summary
     from components.trainer.run_output import FINAL_LORA_DIR, METRICS_FILE, STEP_RUN_NAME
 
     launcher.train(config, output, run_id=run_id, parent_run_id=parent_run_id, workers=ray_workers, log=log)

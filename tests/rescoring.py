@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
+from components.flow_rl.rollout import Rollout, SamplerSettings, step_log_prob
 
 # Two float32 steps of 1.0 (1.19e-7 up, 5.96e-8 down). A matrix product's rounding can depend on the batch size on
 # some CPUs: an AVX-512/AMX Xeon re-scores a row in a micro-batch of 4 one step away from the same row sampled

@@ -23,8 +23,8 @@ from components.algorithms.diffusion_nft import MAX_STEPS, OldPolicy
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import Rollout, SamplerSettings
-    from components.flowgrpo.update import Optimization
+    from components.flow_rl.rollout import Rollout, SamplerSettings
+    from components.flow_rl.update import Optimization
     from components.models.base import FlowMatchingModel
 
 Weighting = Literal["ghuber", "uniform", "t", "t2", "huber"]
@@ -194,7 +194,7 @@ class AWM(Algorithm):
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
         """The ratio's old policy is the one that sampled the rollout: until the update's first optimizer step the
         trained forward's own value (detached), after it a forward under the weights the update started with."""
-        from components.flowgrpo.update import noise_generator
+        from components.flow_rl.update import noise_generator
 
         self.noise = noise_generator(generator, self.model.device)
         self.first_step, self.sampled_with = optim.step, [p.detach().clone() for p in optim.params]
@@ -209,8 +209,8 @@ class AWM(Algorithm):
         of the last three None where not computed."""
         import torch
 
-        from components.flowgrpo.ema import weights_applied
-        from components.flowgrpo.nft import forward_noise
+        from components.flow_rl.ema import weights_applied
+        from components.flow_rl.sde import forward_noise
 
         train, section, model, sampler = self.config.train, self.section, self.model, update.sampler
         batch = MicroBatch(update, indices)

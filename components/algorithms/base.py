@@ -17,21 +17,31 @@ import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from components.config_base import Section
 
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import Rollout, SamplerSettings
-    from components.flowgrpo.update import Optimization
+    from components.flow_rl.config import SamplingConfig, TrainConfig
+    from components.flow_rl.rollout import Rollout, SamplerSettings
+    from components.flow_rl.update import Optimization
     from components.models.base import FlowMatchingModel, PromptEmbeddings
+    from components.models.config import ModelConfig
 
-# components.trainer.config.TrainingJobConfig, a layer above this one: `.train`, `.sampling`, `.model`, `.seed`
-JobConfig = Any
 _PACKAGE = "components.algorithms"
 _NOT_ALGORITHMS = {"base"}
+
+
+class JobConfig(Protocol):
+    """What the algorithms read of a run's config (``components.trainer.config.TrainingJobConfig``, a layer above this
+    one): ``train:``, its shared keys with each algorithm's section as the attribute ``train.<key>``; ``sampling:``;
+    and ``model:`` (its resolution)."""
+
+    train: TrainConfig
+    sampling: SamplingConfig
+    model: ModelConfig
 
 
 class AlgorithmConfig(Section):
@@ -131,7 +141,7 @@ class Algorithm(ABC):
         pass takes what is left, never nothing), then ``optim`` takes one step. The metrics are means over the
         terms trained; trained_fraction is the share of the rollout's samples the passes trained. An algorithm that
         keeps values for one update (a noise generator, its pairs) sets them before calling this one."""
-        from components.flowgrpo.update import MetricMeans
+        from components.flow_rl.update import MetricMeans
 
         train = self.config.train
         update = Update(rollout, rewards, advantages, advantages.to(self.model.device), sampler, generator, optim,
@@ -159,8 +169,8 @@ class Algorithm(ABC):
 
     def micro_batches(self, update: Update) -> list[torch.Tensor]:
         """One pass's micro-batches of indices for `prepare`: by default of the rollout's samples, in a random order,
-        those with a zero advantage left out with train.skip_zero_advantage (`components.flowgrpo.update`)."""
-        from components.flowgrpo.update import micro_batches
+        those with a zero advantage left out with train.skip_zero_advantage (`components.flow_rl.update`)."""
+        from components.flow_rl.update import micro_batches
 
         train = self.config.train
         return micro_batches(update.advantages, train.batch_size_per_worker, train.skip_zero_advantage,
@@ -188,7 +198,7 @@ class Algorithm(ABC):
 
     def _sampler(self, sde_steps: tuple[int, ...], train_steps: tuple[int, ...], **changes: Any) -> SamplerSettings:
         """The epoch's sampler from ``sampling:``; ``changes`` override its fields."""
-        from components.flowgrpo.rollout import SamplerSettings
+        from components.flow_rl.rollout import SamplerSettings
 
         s = self.config.sampling
         fields = dict(num_steps=s.num_steps, guidance_scale=s.guidance_scale, noise_level=s.noise_level,
@@ -249,20 +259,32 @@ def section_of(config: JobConfig) -> AlgorithmConfig:
     return getattr(config.train, config.train.algorithm)
 
 
-def unread_section_notes(config: JobConfig) -> list[str]:
-    """A note for each section of an algorithm the run does not read that sets a key to other than its default (a
-    config may carry every algorithm's section, as tiny-cpu.yaml does with their defaults, so that one override
-    switches algorithm; a setting changed there is one the user may expect to act)."""
+def unread_sections(config: JobConfig) -> dict[str, list[str]]:
+    """Each section ``train.<key>`` of an algorithm the run does not read, with the keys it sets to other than their
+    defaults (a config may carry every algorithm's section, as tiny-cpu.yaml does with their defaults, so that one
+    override switches algorithm)."""
     read = algorithm_class(config.train.algorithm).section_keys()
-    notes = []
-    for key in algorithms().keys() - read:
+    sections = {}
+    for key in sorted(algorithms().keys() - read):
         section = getattr(config.train, key)
-        changed = [f"train.{key}.{name}" for name in sorted(section.model_fields_set)
-                   if getattr(section, name) != section.default_of(name)]
-        if changed:
-            notes.append(f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not used: train.algorithm "
-                         f"is {config.train.algorithm}, which reads {', '.join(f'train.{k}' for k in read)}")
-    return notes
+        sections[key] = [f"train.{key}.{name}" for name in sorted(section.model_fields_set)
+                         if getattr(section, name) != section.default_of(name)]
+    return sections
+
+
+def unread_section_notes(config: JobConfig) -> list[str]:
+    """A note for each section of an algorithm the run does not read that sets a key to other than its default: a
+    setting changed there is one the user may expect to act."""
+    read = ", ".join(f"train.{k}" for k in algorithm_class(config.train.algorithm).section_keys())
+    return [f"{', '.join(changed)} {'is' if len(changed) == 1 else 'are'} not used: train.algorithm is "
+            f"{config.train.algorithm}, which reads {read}" for changed in unread_sections(config).values() if changed]
+
+
+def idle_sections(config: JobConfig) -> list[str]:
+    """The sections ``train.<key>`` the run neither reads nor changes from their defaults: what a run is handed may
+    leave them out (its trainer fills them with the same defaults), while a changed one travels, so that its note
+    (``unread_section_notes``) is given where the run starts too."""
+    return [key for key, changed in unread_sections(config).items() if not changed]
 
 
 def algorithm_name(config: JobConfig) -> str:

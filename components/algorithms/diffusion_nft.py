@@ -1,6 +1,7 @@
 """DiffusionNFT (docs/ALGORITHM.md section 9): ODE rollouts sampled by the old policy, flow matching on their
 clean latents between the implicit positive and negative policies; the old policy follows the trained one softly
-after each epoch. Its maths: components/flowgrpo/nft.py."""
+after each epoch: rewards as optimality probabilities, the implicit positive and negative policies on forward-noised
+clean samples, and the soft update of the old policy."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, Mi
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import Rollout, SamplerSettings
-    from components.flowgrpo.update import Optimization
+    from components.flow_rl.rollout import Rollout, SamplerSettings
+    from components.flow_rl.update import Optimization
     from components.models.base import FlowMatchingModel
 
 MAX_STEPS = 1_000_000
+WEIGHT_FLOOR = 1e-5  # the adaptive weight's lower bound (NVlabs' clip(min=0.00001))
 
 
 class DiffusionNFTConfig(AlgorithmConfig):
@@ -35,6 +37,74 @@ class DiffusionNFTConfig(AlgorithmConfig):
     max_decay: float = Field(default=0.5, ge=0, lt=1, description="... up to this: old <- d old + (1 - d) current")
 
 
+def optimality_probability(advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """``r = clamp(clamp(A, -C, C) / C / 2 + 0.5, 0, 1)``: a sample's probability of being optimal, 0.5 for the
+    group's mean."""
+    return (advantages.clamp(-clip, clip) / clip / 2 + 0.5).clamp(0, 1)
+
+
+def _weighted_x0_error(x0_pred: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """Per sample ``mean((x0_pred - x0)^2) / w`` with the adaptive weight ``w = max(mean|x0_pred - x0|, 1e-5)``
+    computed in float64 and detached."""
+    import torch
+
+    dims = tuple(range(1, x0.ndim))
+    with torch.no_grad():
+        weight = (x0_pred.double() - x0.double()).abs().mean(dim=dims, keepdim=True).clamp(min=WEIGHT_FLOOR)
+    return ((x0_pred - x0) ** 2 / weight.to(x0_pred.dtype)).mean(dim=dims)
+
+
+def nft_loss(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    sigma: float,
+    r: torch.Tensor,
+    *,
+    beta: float,
+    clip: float,
+    v_ref: torch.Tensor | None = None,
+    kl_weight: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The DiffusionNFT loss of one micro-batch at one noise level.
+
+    ``v+ = beta v_theta + (1 - beta) v_old`` and ``v- = (1 + beta) v_old - beta v_theta``; each predicts
+    ``x0 = x_t - sigma v``; the loss is ``C * mean_i [r_i L+_i + (1 - r_i) L-_i] / beta`` with ``L`` the adaptively
+    weighted squared x0 error, plus ``kl_weight * mean (v_theta - v_ref)^2`` when ``v_ref`` is given. Gradients
+    flow only through ``v_theta``. Returns the loss and detached metrics."""
+    v_old = v_old.detach()
+    positive = beta * v_theta + (1 - beta) * v_old
+    negative = (1 + beta) * v_old - beta * v_theta
+    positive_loss = _weighted_x0_error(x_t - sigma * positive, x0)
+    negative_loss = _weighted_x0_error(x_t - sigma * negative, x0)
+    policy_loss = (clip * (r * positive_loss + (1 - r) * negative_loss) / beta).mean()
+    metrics = {"policy_loss": policy_loss.detach(), "nft/positive_loss": positive_loss.mean().detach(),
+               "nft/negative_loss": negative_loss.mean().detach(),
+               "nft/old_gap": ((v_theta - v_old) ** 2).mean().detach()}
+    loss = policy_loss
+    if v_ref is not None:
+        kl = ((v_theta - v_ref.detach()) ** 2).mean(dim=tuple(range(1, v_theta.ndim))).mean()
+        loss = loss + kl_weight * kl
+        metrics["kl"] = kl.detach()
+    return loss, metrics
+
+
+def old_policy_decay(step: int, flat: int, rate: float, max_decay: float) -> float:
+    """The old policy's decay after ``step`` optimizer steps: 0 for the first ``flat`` steps, then
+    ``min((step - flat) * rate, max_decay)`` (NVlabs' ``return_decay``)."""
+    return 0.0 if step < flat else min((step - flat) * rate, max_decay)
+
+
+def soft_update(old: list[torch.Tensor], current: list[torch.Tensor], decay: float) -> None:
+    """``old <- decay old + (1 - decay) current``, in place."""
+    import torch
+
+    with torch.no_grad():
+        for o, c in zip(old, current, strict=True):
+            o.mul_(decay).add_(c.detach().to(o.dtype), alpha=1 - decay)
+
+
 class OldPolicy:
     """The old policy: a copy of the LoRA weights that samples the rollouts and anchors the implicit policies,
     moved towards the trained weights after each epoch by ``old <- d old + (1 - d) current`` with the decay ``d``
@@ -45,13 +115,11 @@ class OldPolicy:
         self.section = section
 
     def applied(self, params: list[torch.nn.Parameter]) -> contextlib.AbstractContextManager[None]:
-        from components.flowgrpo.ema import weights_applied
+        from components.flow_rl.ema import weights_applied
 
         return weights_applied(params, self.weights)
 
     def update(self, params: list[torch.nn.Parameter], optimizer_step: int) -> float:
-        from components.flowgrpo.nft import old_policy_decay, soft_update
-
         n = self.section
         decay = old_policy_decay(optimizer_step, n.decay_flat_steps, n.decay_rate, n.max_decay)
         soft_update(self.weights, params, decay)
@@ -82,7 +150,7 @@ class DiffusionNFT(Algorithm):
 
     def update(self, rollout: Rollout, rewards: torch.Tensor, advantages: torch.Tensor, sampler: SamplerSettings,
                generator: torch.Generator, optim: Optimization) -> dict[str, float]:
-        from components.flowgrpo.update import noise_generator
+        from components.flow_rl.update import noise_generator
 
         self.noise = noise_generator(generator, self.model.device)
         metrics = super().update(rollout, rewards, advantages, sampler, generator, optim)
@@ -90,7 +158,7 @@ class DiffusionNFT(Algorithm):
         return metrics
 
     def micro_batches(self, update: Update) -> list[torch.Tensor]:
-        from components.flowgrpo.update import micro_batches
+        from components.flow_rl.update import micro_batches
 
         # every sample trains: a zero advantage is r = 0.5, between the implicit policies
         return micro_batches(update.advantages, self.config.train.batch_size_per_worker, False, update.generator)
@@ -102,7 +170,7 @@ class DiffusionNFT(Algorithm):
         noised latents, old velocity, reference velocity or None)."""
         import torch
 
-        from components.flowgrpo.nft import forward_noise
+        from components.flow_rl.sde import forward_noise
 
         train, model, sampler = self.config.train, self.model, update.sampler
         batch = MicroBatch(update, indices)
@@ -125,8 +193,6 @@ class DiffusionNFT(Algorithm):
         return batch
 
     def loss(self, batch: MicroBatch, term: tuple) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        from components.flowgrpo.nft import nft_loss, optimality_probability
-
         train = self.config.train
         sigma, x_t, v_old, v_ref = term
         v_theta = self.model.predict_velocity(x_t, sigma, batch.cond, batch.update.guidance)

@@ -15,8 +15,8 @@ from components.algorithms.base import Algorithm, AlgorithmConfig, JobConfig, Mi
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import Rollout, SamplerSettings
-    from components.flowgrpo.update import Optimization
+    from components.flow_rl.rollout import Rollout, SamplerSettings
+    from components.flow_rl.update import Optimization
 
 TRAINING_LEVELS = 1000  # the training scheduler's timesteps the authors index with (u * 1000).long()
 
@@ -121,7 +121,7 @@ class DPO(Algorithm):
         then takes what is left."""
         import torch
 
-        from components.flowgrpo.update import noise_generator
+        from components.flow_rl.update import noise_generator
 
         self.winners, self.losers, unpaired = preference_pairs(rollout.prompt_index, rewards)
         per_batch = max(1, self.config.train.batch_size_per_worker // 2)
@@ -143,7 +143,7 @@ class DPO(Algorithm):
         disabled). A term: (noised latents, noise, level, reference velocity)."""
         import torch
 
-        from components.flowgrpo.nft import forward_noise
+        from components.flow_rl.sde import forward_noise
 
         train, section, model, sampler = self.config.train, self.section, self.model, update.sampler
         if len(indices):

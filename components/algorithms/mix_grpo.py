@@ -14,7 +14,7 @@ from components.algorithms.flow_grpo import FlowGRPO
 if TYPE_CHECKING:
     import torch
 
-    from components.flowgrpo.rollout import SamplerSettings
+    from components.flow_rl.rollout import SamplerSettings
 
 MAX_EPOCHS = 1_000_000
 # the window stays below the last two steps: upstream trains none of them (max_timesteps = sampling_steps - 2)

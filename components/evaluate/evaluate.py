@@ -26,11 +26,11 @@ from components.dataset.input_images import describe, load_row_images, square
 from components.dataset.prompts import PromptRow, held_out_rows
 from components.evaluate.config import EvalConfig, GateConfig
 from components.evaluate.report import PromptResult, render_report
-from components.flowgrpo.metrics import finite_or_none
 from components.models.generate import generate, load_with_lora
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 from components.rewards.scoring import RewardSet
 from components.trainer.config import TrainingJobConfig
+from components.trainer.metrics import finite_or_none
 
 EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"

@@ -36,7 +36,7 @@ from components.launch.process import (
 from components.reward_server.settings import settings_yaml
 
 if TYPE_CHECKING:
-    from components.launch import RunConfig
+    from components.trainer.config import TrainingJobConfig
 
 Log = Callable[[str], None]
 RECORDS = "reward-servers"
@@ -162,13 +162,13 @@ class LocalLauncher:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)
 
-    def start_reward_server(self, config: RunConfig, run_id: str, log: Log = status_line) -> str:
+    def start_reward_server(self, config: DeployableConfig, run_id: str, log: Log = status_line) -> str:
         return start_local(config, name=reward_server_name(run_id), state_dir=self.state_dir, log=log)
 
-    def stop_reward_server(self, config: RunConfig, run_id: str, log: Log = status_line) -> None:
+    def stop_reward_server(self, config: DeployableConfig, run_id: str, log: Log = status_line) -> None:
         stop_local(reward_server_name(run_id), self.state_dir, log=log)
 
-    def train(self, config: RunConfig, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
+    def train(self, config: TrainingJobConfig, output: str, *, run_id: str, parent_run_id: str | None, workers: int,
               log: Log = status_line) -> None:
         """Train in this process (``workers`` 0) or on that many local Ray Train workers; a retried step
         continues from the newest checkpoint in ``output``."""

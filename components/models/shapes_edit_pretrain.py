@@ -38,8 +38,8 @@ from components.models.shapes_pretrain import (
     _Printer,
     _Steps,
 )
-from components.rewards.shape_edits import edit_triples
 from components.rewards.shapes_edit import edit_scores
+from components.shapes.edits import edit_triples
 
 EVAL_SEED = 9000  # held-out triples, apart from the training seed and the built-in set's
 

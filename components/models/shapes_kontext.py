@@ -5,7 +5,7 @@ packed tokens), its first CLIP text encoder as FLUX's pooled encoder (a ``CLIPTe
 ``text_model`` weights: the pooled output is the final-norm state at the end token, width 32) and its T5 (width 64),
 with shapes-sd3's tokenizers unchanged. Only the transformer is new: a ``FluxTransformer2DModel`` of width 64 without
 guidance embedding, trained from a seed by ``components.models.shapes_edit_pretrain`` on the edit world
-(``components.rewards.shape_edits``); ``weights/shapes-kontext.safetensors`` holds it (docs/MODELS.md, "The editing
+(``components.shapes.edits``); ``weights/shapes-kontext.safetensors`` holds it (docs/MODELS.md, "The editing
 demo model: shapes-kontext").
 """
 

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from components import environ
 from components.models.shapes_sd3 import RESOLUTION, TEXT_LENGTH, WEIGHTS, build_architecture, state_dict
-from components.rewards.shape_scenes import draw_scene, prompt_text, random_groups
+from components.shapes.scenes import draw_scene, prompt_text, random_groups
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from components.errors import ModelLoadError
 from components.models import tiny_tokenizers as tok
 from components.models.families import SHAPES_RESOLUTION as RESOLUTION
 from components.models.sd3.tiny import LATENT_CHANNELS, tiny_clip, tiny_t5, tiny_vae
-from components.rewards.shape_scenes import VOCABULARY
+from components.shapes.scenes import VOCABULARY
 
 TEXT_LENGTH = 16  # tokens: the grammar's words are single tokens and its longest prompt has 7 words
 CLIP_WIDTH = 32

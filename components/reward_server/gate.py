@@ -52,15 +52,15 @@ class RequestGate:
         start = asyncio.get_running_loop().time()
         try:
             while True:
-                # the body so far must have come at the minimum rate, after the first body_timeout_s
-                deadline = start + limits.body_timeout_s + len(body) / limits.min_body_bytes_per_s
+                # the body so far must have come at the minimum rate, after the first body_grace_s
+                deadline = start + limits.body_grace_s + len(body) / limits.min_body_bytes_per_s
                 try:
                     async with asyncio.timeout_at(deadline):
                         message = await request.receive()
                 except TimeoutError:
                     raise HTTPException(408, f"the request body came slower than {limits.min_body_bytes_per_s} "
-                                             f"bytes/s after {limits.body_timeout_s:g} s (limits.min_body_bytes_per_s, "
-                                             "limits.body_timeout_s)", headers=CLOSE) from None
+                                             f"bytes/s after {limits.body_grace_s:g} s (limits.min_body_bytes_per_s, "
+                                             "limits.body_grace_s)", headers=CLOSE) from None
                 if message["type"] == "http.disconnect":
                     raise HTTPException(400, "the client closed the connection before its body was complete")
                 chunk = message.get("body", b"")

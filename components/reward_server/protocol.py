@@ -12,37 +12,37 @@ from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 from components.reward_server.settings import Limits
 
 
-class HeaderTimeoutH11(H11Protocol):
-    """Closes the connection when a request's line and headers have not all arrived ``header_timeout_s`` after the
-    connection opened or the previous response ended, and when a response is complete before its request's body
-    (a route that reads no body, an answer given before the body was whole)."""
+class RequestHeadTimeoutH11(H11Protocol):
+    """Closes the connection when a request's line and headers (its head) have not all arrived
+    ``request_head_timeout_s`` after the connection opened or the previous response ended, and when a response is
+    complete before its request's body (a route that reads no body, an answer given before the body was whole)."""
 
-    header_timeout_s: float
+    request_head_timeout_s: float
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
         self._timed_cycle: RequestResponseCycle | None = None
         self._arm()
 
     def _arm(self) -> None:
         self._disarm()
         self._timed_cycle = self.cycle  # a request whose headers are complete starts another cycle
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._expire)
+        self._head_timer = self.loop.call_later(self.request_head_timeout_s, self._expire)
 
     def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
 
     def _expire(self) -> None:
-        self._header_timer = None
+        self._head_timer = None
         if not self.transport.is_closing():
             self.transport.close()
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self._header_timer is not None and self.cycle is not self._timed_cycle:
+        if self._head_timer is not None and self.cycle is not self._timed_cycle:
             self._disarm()
 
     def on_response_complete(self) -> None:
@@ -58,5 +58,6 @@ class HeaderTimeoutH11(H11Protocol):
 
 
 def h11_protocol(limits: Limits) -> type[H11Protocol]:
-    """The protocol class to give uvicorn (``http=``): h11 with ``limits.header_timeout_s``."""
-    return type("RewardServerH11", (HeaderTimeoutH11,), {"header_timeout_s": limits.header_timeout_s})
+    """The protocol class to give uvicorn (``http=``): h11 with ``limits.request_head_timeout_s``."""
+    return type("RewardServerH11", (RequestHeadTimeoutH11,),
+                {"request_head_timeout_s": limits.request_head_timeout_s})

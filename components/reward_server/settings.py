@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from components.config_base import Section, chained, check_strings, format_validation_error, read_yaml_mapping
 from components.errors import ConfigError
-from components.rewards.config import RewardSpec, check_unique_keys
+from components.rewards.registry import RewardSpec, check_unique_keys
 
 # A request's body, per pixel of its images: base64 of raw RGB (what the trainer sends: 3 bytes, 4 characters) and
 # about the worst a PNG can be (incompressible); a JPEG is far smaller. Plus an allowance for the prompts, metadata
@@ -20,6 +20,8 @@ from components.rewards.config import RewardSpec, check_unique_keys
 BODY_BYTES_PER_PIXEL = 4
 BODY_ALLOWANCE_BYTES = 2**20
 DEFAULT_REQUEST_PIXELS = 16 * 512 * 512
+# what the transport timeouts were called: each names the part of a request it bounds now
+RENAMED_TIMEOUTS = {"header_timeout_s": "request_head_timeout_s", "body_timeout_s": "body_grace_s"}
 
 
 def body_bytes_for(request_pixels: int) -> int:
@@ -59,22 +61,28 @@ class Limits(Section):
                     "before it is parsed (413): a parsed value costs ~50-100 bytes, so many short ones in a body "
                     "within max_body_bytes would cost ~10x its size",
     )
-    header_timeout_s: float = Field(
+    request_head_timeout_s: float = Field(
         default=10.0, gt=0,
-        description="a request's line and headers must arrive within this of the connection opening or of the "
-                    "previous response, else the connection is closed",
+        description="a request's line and headers (its head) must arrive within this of the connection opening or of "
+                    "the previous response, else the connection is closed: it bounds a kept-alive connection's wait "
+                    "for its next request too",
     )
-    body_timeout_s: float = Field(
+    body_grace_s: float = Field(
         default=10.0, gt=0,
-        description="a body must arrive within this + its bytes / min_body_bytes_per_s, else 408 and the "
-                    "connection is closed",
+        description="the time a body may take before min_body_bytes_per_s applies: it must arrive within this + its "
+                    "bytes / min_body_bytes_per_s, else 408 and the connection is closed",
     )
-    min_body_bytes_per_s: int = Field(default=2**20, ge=1, description="see body_timeout_s")
+    min_body_bytes_per_s: int = Field(default=2**20, ge=1, description="see body_grace_s")
 
     @model_validator(mode="before")
     @classmethod
     def _body_from_pixels(cls, data: Any) -> Any:
-        """A pixel budget that is given, and no body size: the body size follows it."""
+        """A pixel budget that is given, and no body size: the body size follows it. A timeout spelt by its old name
+        is refused naming the new one."""
+        if isinstance(data, dict):
+            for old, new in RENAMED_TIMEOUTS.items():
+                if old in data:
+                    raise ValueError(f"{old} was renamed {new}")
         if isinstance(data, dict) and "max_body_bytes" not in data and isinstance(data.get("max_request_pixels"), int):
             return {**data, "max_body_bytes": body_bytes_for(data["max_request_pixels"])}
         return data

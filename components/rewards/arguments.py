@@ -1,7 +1,7 @@
 """The typed ``args`` of the built-in rewards: names, types, defaults and bounds, checked when a config loads (every
 error names its key path, ``rewards.0.args.max_tokens``) and given to the reward's constructor. Nothing here imports
 a model library: the pipeline's light steps validate configs without them. ``rank``'s model, which holds a reward
-config, is ``components.rewards.config.RankArgs``; docs/REWARDS.md publishes the JSON schema of each."""
+config, is ``components.rewards.registry.RankArgs``; docs/REWARDS.md publishes the JSON schema of each."""
 
 from __future__ import annotations
 

@@ -20,8 +20,9 @@ from components.errors import RewardError
 from components.polling import Polls
 from components.rewards.base import Inputs, RewardOutput
 from components.rewards.codec import encode_png_b64, encode_raw_b64
-from components.rewards.config import RewardServerConfig, RewardSpec
+from components.rewards.config import RewardServerConfig
 from components.rewards.http_retry import EXCERPT, RetriesExhausted, send_with_retries
+from components.rewards.registry import RewardSpec
 from components.rewards.wire import RawPixels, RewardInfo, RewardsResponse, ScoreRequest, ScoreResponse
 
 # httpx logs every request at INFO; under a runner that turns INFO on (KFP's executor, Ray workers) that is one

@@ -7,8 +7,7 @@ from typing import Any
 import numpy as np
 
 from components.rewards.base import GroupwiseReward, RewardOutput
-from components.rewards.config import RankArgs
-from components.rewards.registry import RewardCache
+from components.rewards.registry import RankArgs, RewardCache
 
 
 class Rank(GroupwiseReward):

@@ -17,8 +17,7 @@ import numpy as np
 
 from components.errors import RewardError
 from components.rewards.base import Inputs, Reward, RewardOutput, describe
-from components.rewards.config import FrameAggregation, RewardSpec
-from components.rewards.registry import RewardCache
+from components.rewards.registry import FrameAggregation, RewardCache, RewardSpec
 
 WORKERS_PER_REWARD = 4
 

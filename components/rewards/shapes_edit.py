@@ -1,8 +1,9 @@
 """The rule reward of the shapes editing demo: was the edit made, and did nothing else change?
 
-The row's metadata holds the source scene (``scene``, as ``shape_edits.edit_triples`` writes it) and the prompt is
-the instruction; ``apply_edit`` gives the target scene. ``geneval_shapes``' detector reads the result, and each
-object found goes to the grid cell of its box's centre. Over the multisets of (cell, colour, shape) wanted and found:
+The row's metadata holds the source scene (``scene``, as ``components.shapes.edits.edit_triples`` writes it) and the
+prompt is the instruction; ``apply_edit`` gives the target scene. The shapes detector (``components.shapes.detect``)
+reads the result, and each object found goes to the grid cell of its box's centre. Over the multisets of (cell,
+colour, shape) wanted and found:
 - ``edit``: multiset Jaccard within the edited cell (1 when both are empty: a removal that left it blank);
 - ``keep``: multiset Jaccard over the other cells -- an object lost, recoloured, reshaped or added there costs;
 - ``partial`` = edit x keep: 0 for an input left as it was, 1 for the target, and between them the share of the
@@ -19,9 +20,10 @@ import numpy as np
 
 from components.rewards.arguments import ShapesEditArgs
 from components.rewards.base import PointwiseReward, SampleError
-from components.rewards.geneval_shapes import DetectedObject, detect_objects, object_scores
-from components.rewards.shape_edits import SceneError, apply_edit, edited_cell, parse_instruction, scene_from_json
-from components.rewards.shape_scenes import MAX_OBJECTS, PromptParseError
+from components.rewards.geneval_shapes import object_scores
+from components.shapes.detect import DetectedObject, detect_objects
+from components.shapes.edits import SceneError, apply_edit, edited_cell, parse_instruction, scene_from_json
+from components.shapes.scenes import MAX_OBJECTS, PromptParseError
 
 
 def cell_of(obj: DetectedObject, height: int, width: int) -> int:

@@ -9,14 +9,15 @@ from typing import Any
 
 from pydantic import Field, ValidationError, create_model, model_validator
 
-from components.algorithms.base import algorithm_class, algorithms, unread_section_notes
+from components.algorithms.base import algorithm_class, algorithms, idle_sections, unread_section_notes
 from components.config_base import Section, Seed, chained, check_strings, format_validation_error
 from components.dataset.config import DataConfig
 from components.errors import ConfigError
-from components.flowgrpo.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
+from components.flow_rl.config import SAMPLES_PER_STEP, SamplingConfig, TrainConfig
 from components.models.config import ModelConfig
 from components.models.families import GuidanceMode, twins
-from components.rewards.config import Aggregation, RewardServerConfig, RewardSpec, check_names, check_unique_keys
+from components.rewards.config import Aggregation, RewardServerConfig
+from components.rewards.registry import RewardSpec, check_names, check_unique_keys
 from components.tracking.config import TrackingConfig
 
 
@@ -84,6 +85,14 @@ class TrainingJobConfig(Section):
             return cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source)) from chained(exc, source)
+
+    def run_data(self) -> dict[str, Any]:
+        """The config as a run is handed it (the RayJob's copy): without the sections of the algorithms it neither
+        reads nor changes (``idle_sections``), which its trainer fills with the same defaults."""
+        data = self.model_dump(mode="json")
+        for key in idle_sections(self):
+            del data["train"][key]
+        return data
 
     @model_validator(mode="before")
     @classmethod

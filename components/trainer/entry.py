@@ -45,7 +45,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def run(config: TrainingJobConfig, args: argparse.Namespace, *, record: dict[str, Any] | None = None) -> int:
     """Train as ``args`` say and print the outcome; ``record``: the whole experiment, kept with the run."""
     quiet_libraries()
-    from components.flowgrpo.metrics import describe_learning
+    from components.trainer.metrics import describe_learning
     from components.trainer.training_run import train
 
     if args.ray_workers < 0:

@@ -19,12 +19,11 @@ from components.console import status_line
 from components.dataset.input_images import describe, first_inputs, load_row_images
 from components.dataset.prompts import PromptRow, held_out_rows, load_prompt_rows
 from components.errors import CheckpointError, ConfigError
-from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
-from components.flowgrpo.ema import LoRAEMA
-from components.flowgrpo.metrics import EpochEta, MetricsFile, learning_summary, progress_line
-from components.flowgrpo.prompt_cache import PromptEncoder
-from components.flowgrpo.rollout import ode_images, sample_rollout
-from components.flowgrpo.update import Optimization
+from components.flow_rl.advantages import compute_advantages, gdpo_advantages, group_statistics
+from components.flow_rl.ema import LoRAEMA
+from components.flow_rl.prompt_cache import PromptEncoder
+from components.flow_rl.rollout import ode_images, sample_rollout
+from components.flow_rl.update import Optimization
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 from components.models.loading import load_model
 from components.rewards.base import RewardOutput
@@ -48,6 +47,7 @@ from components.trainer.config import (
     describe_batches,
     epoch_split_problems,
 )
+from components.trainer.metrics import EpochEta, MetricsFile, learning_summary, progress_line
 from components.trainer.run_output import (
     FINAL_LORA_DIR,
     METRICS_FILE,

@@ -14,7 +14,6 @@ from components.dataset.input_images import check_rows
 from components.dataset.prepared import PromptRow
 from components.dataset.prompts import dataset_hash, load_prompt_rows
 from components.errors import CheckpointError
-from components.flowgrpo.metrics import MetricsFile
 from components.models.loading import check_model_path
 from components.registry.versions import register_lora_version
 from components.rewards.registry import check_specs
@@ -23,6 +22,7 @@ from components.tracking.tracker import NullTracker, open_tracker, resolve_paren
 from components.trainer import checkpoint as ckpt
 from components.trainer.config import TrainingJobConfig
 from components.trainer.loop import TrainResult, check_world_size, run_worker, showcase_rows
+from components.trainer.metrics import MetricsFile
 from components.trainer.ray_train import run_on_ray
 from components.trainer.run_output import (
     CONFIG_FILE,

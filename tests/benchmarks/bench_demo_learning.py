@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from components.flowgrpo.metrics import learning_summary  # noqa: E402
+from components.trainer.metrics import learning_summary  # noqa: E402
 
 SMOKE = ["train.epochs=2", "eval.max_prompts=10", "eval.images_per_prompt=1", "tracking.sample_every=1"]
 

@@ -41,7 +41,7 @@ import torch
 from bench_memory import real_shape_pipeline  # its import sets the offline, no-MLflow environment
 
 from components.dataset.prepared import PromptRow
-from components.flowgrpo.rollout import plan_steps
+from components.flow_rl.rollout import plan_steps
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 from pipeline.config import CONFIG_DIR, ExperimentConfig, load_config
 
@@ -203,7 +203,7 @@ def sampling_breakdown(trainer: Any, config: ExperimentConfig) -> dict[str, floa
     """Seconds per sampling batch of one more epoch's rollout (the algorithm's sampler and sampling weights, no
     scoring): in the transformer's forwards, the VAE decode, the prompt encoding, and the rest (the SDE step and
     its log-prob, the noise, copies to the host). The device is synchronised around each timed call."""
-    from components.flowgrpo.rollout import sample_rollout
+    from components.flow_rl.rollout import sample_rollout
 
     model, s = trainer.model, config.sampling
     device = model.device

@@ -34,7 +34,8 @@ from servers import running_server
 from components.reward_server.settings import Batching, Limits, ServerSettings
 from components.rewards.client import RemoteRewardSet
 from components.rewards.codec import encode_png_b64
-from components.rewards.config import RewardServerConfig, RewardSpec
+from components.rewards.config import RewardServerConfig
+from components.rewards.registry import RewardSpec
 from components.rewards.scoring import RewardSet
 
 

@@ -23,7 +23,7 @@ os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
 
 import torch
 
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout
 from components.models.loading import load_model
 from components.trainer.training_run import train
 from pipeline.config import CONFIG_DIR, TINY_CONFIG, load_config

@@ -41,9 +41,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from components.flowgrpo.loss import flow_grpo_loss
-from components.flowgrpo.rollout import Rollout, SamplerSettings, step_log_prob
-from components.flowgrpo.sde import sde_step_with_logprob
+from components.algorithms.flow_grpo import flow_grpo_loss
+from components.flow_rl.rollout import Rollout, SamplerSettings, step_log_prob
+from components.flow_rl.sde import sde_step_with_logprob
 from components.models.base import JOINT_ATTENTION_TARGETS, FlowMatchingModel, PromptEmbeddings
 from components.models.config import LoRAConfig
 from components.models.families import load, pipelines

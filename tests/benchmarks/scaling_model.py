@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # memory_estimate, real_shapes (tests/ is no package)
 
-from components.flowgrpo.rollout import plan_steps
+from components.flow_rl.rollout import plan_steps
 from components.trainer.config import TrainingJobConfig, epoch_split_problems
 from pipeline.config import CONFIG_DIR, load_config
 

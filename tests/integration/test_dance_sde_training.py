@@ -9,7 +9,7 @@ from algorithm_runs import lora, resumed_beside_uninterrupted
 from metric_rows import without_timing
 
 from components.errors import CheckpointError
-from components.flowgrpo.rollout import SamplerSettings, sample_rollout
+from components.flow_rl.rollout import SamplerSettings, sample_rollout
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.trainer.training_run import train

@@ -9,7 +9,7 @@ from PIL import Image
 from components.dataset.input_images import model_input
 from components.dataset.prepared import PromptRow
 from components.errors import ModelLoadError
-from components.flowgrpo.prompt_cache import PromptEncoder
+from components.flow_rl.prompt_cache import PromptEncoder
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.trainer.samples import sample_grid

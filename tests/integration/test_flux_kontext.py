@@ -17,8 +17,8 @@ from PIL import Image
 
 from components.dataset.input_images import model_input, square
 from components.errors import ModelLoadError
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.flowgrpo.sde import euler_step
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flow_rl.sde import euler_step
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.flux import kontext
 from components.models.flux.kontext import FluxKontextModel

@@ -526,8 +526,7 @@ def test_reward_server_deployment_runs_the_cli_with_its_config(renders, key, tmp
 
 
 def test_gpu_reward_server_asks_the_judge_that_is_deployed(renders):
-    from components.rewards.config import RewardSpec
-    from components.rewards.registry import build_reward
+    from components.rewards.registry import RewardSpec, build_reward
 
     settings, _ = _reward_settings(renders, "overlays/gpu")
     (spec,) = [r for r in settings["rewards"] if r["name"] == "vlm_judge"]

@@ -13,8 +13,8 @@ from tiny_families import recipe, text_twins
 from components.algorithms.flow_grpo import FlowGRPO
 from components.dataset.prepared import PromptRow
 from components.errors import ConfigError
-from components.flowgrpo.prompt_cache import PromptEncoder
-from components.flowgrpo.rollout import sample_rollout, step_log_prob
+from components.flow_rl.prompt_cache import PromptEncoder
+from components.flow_rl.rollout import sample_rollout, step_log_prob
 from components.models.base import TEXT_ENCODERS
 from components.models.loading import load_model
 from components.trainer import checkpoint as ckpt

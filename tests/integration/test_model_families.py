@@ -18,8 +18,8 @@ from sde_reference import sde_transition
 from tiny_families import recipe, text_twins
 
 from components.errors import ConfigError
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.flowgrpo.sde import euler_step
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flow_rl.sde import euler_step
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.families import load, tiny_twins
 from components.models.generate import generate

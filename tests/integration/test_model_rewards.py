@@ -15,8 +15,7 @@ from components.errors import ConfigError, RewardError
 from components.models.tiny_tokenizers import clip_tokenizer, clip_vocab_size
 from components.rewards.arguments import AestheticArgs, ClipArgs
 from components.rewards.clip_models import AestheticScore, ClipScore, PickScore
-from components.rewards.config import RewardSpec
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from components.trainer.config import TrainingJobConfig
 
 PROJECTION_DIM = 16

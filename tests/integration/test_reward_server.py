@@ -15,8 +15,8 @@ from servers import running_server
 
 from components.reward_server.settings import Batching, Limits, ServerSettings
 from components.rewards.codec import encode_png_b64
-from components.rewards.config import RewardSpec
 from components.rewards.jpeg import jpeg_size_kb
+from components.rewards.registry import RewardSpec
 
 
 def _image(value: int, size: int = 16) -> np.ndarray:

@@ -9,7 +9,7 @@ from servers import running_server
 
 from components.reward_server.app import create_app
 from components.reward_server.settings import Limits, ServerSettings
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 
 _SETTINGS = ServerSettings(
     rewards=[RewardSpec(name="brightness"), RewardSpec(name="jpeg_compressibility", weight=0.5),

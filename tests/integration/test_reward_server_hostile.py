@@ -25,7 +25,7 @@ from servers import free_port, running_server, wait_until_ok
 from components.reward_server.gate import HELD_BODIES_PER_SLOT
 from components.reward_server.settings import Limits, ServerSettings
 from components.rewards.codec import encode_png_b64
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = Limits()  # what the server runs with: the defaults
@@ -186,7 +186,7 @@ def test_slow_clients_are_closed_while_others_are_served(server):
     with ThreadPoolExecutor(1) as pool, httpx.Client(timeout=30) as client:
         # while they are open, a normal client is served, and /healthz answers at once
         served = pool.submit(client.post, f"{url}/v1/score", json={"prompts": ["a"], "images": [IMAGE]})
-        deadline = start + max(LIMITS.header_timeout_s, LIMITS.body_timeout_s) + SLACK_S
+        deadline = start + max(LIMITS.request_head_timeout_s, LIMITS.body_grace_s) + SLACK_S
         tick = 0
         while len(closed_at) < len(slow_headers) + len(slow_bodies) and time.monotonic() < deadline:
             for sock in slow_headers + slow_bodies:
@@ -206,7 +206,7 @@ def test_slow_clients_are_closed_while_others_are_served(server):
         sock.close()
     header_times = sorted(closed_at.get(s, float("inf")) for s in slow_headers)
     body_times = sorted(closed_at.get(s, float("inf")) for s in slow_bodies)
-    for times, timeout in ((header_times, LIMITS.header_timeout_s), (body_times, LIMITS.body_timeout_s)):
+    for times, timeout in ((header_times, LIMITS.request_head_timeout_s), (body_times, LIMITS.body_grace_s)):
         assert timeout - 0.5 <= times[0] and times[-1] <= timeout + SLACK_S, (timeout, times)
     for sock in slow_bodies:  # told why before being closed
         assert sent.get(sock, b"").startswith(b"HTTP/1.1 408 ") and b"limits.min_body_bytes_per_s" in sent[sock]

@@ -22,7 +22,7 @@ from servers import free_port, running_server, wait_until_ok
 
 from components.reward_server.settings import Limits, ServerSettings
 from components.rewards.codec import encode_png_b64
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 
 REPO = Path(__file__).resolve().parents[2]
 

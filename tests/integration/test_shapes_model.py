@@ -17,7 +17,7 @@ from components.models.loading import load_model
 from components.models.shapes_sd3 import TEXT_LENGTH, WEIGHTS, build_architecture, load_shapes_sd3
 from components.rewards.arguments import GenEvalShapesArgs
 from components.rewards.geneval_shapes import GenEvalShapes
-from components.rewards.shape_scenes import VOCABULARY, parse_prompt
+from components.shapes.scenes import VOCABULARY, parse_prompt
 
 BUILTIN = BUILTIN_DIR / "shapes.jsonl"
 TINY_RUN = dict(scenes=64, vae_steps=3, vae_batch=4, flow_steps=3, flow_batch=4, warmup=2)

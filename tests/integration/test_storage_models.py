@@ -11,8 +11,7 @@ from components.errors import FlowGRPOError
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.models.sd3.tiny import build_tiny_sd3
-from components.rewards.config import RewardSpec
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from pipeline.services.seaweed import running_seaweed
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from rescoring import assert_rescoring_is_exact
 
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.loading import load_model
 from components.models.sd3.tiny import build_tiny_sd3

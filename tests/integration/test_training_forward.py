@@ -11,8 +11,8 @@ from tiny_families import recipe, text_twins
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from components.errors import ConfigError
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout
-from components.flowgrpo.update import Optimization
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout
+from components.flow_rl.update import Optimization
 from components.models.config import LoRAConfig, ModelConfig
 from components.models.loading import load_model
 from pipeline.config import CONFIG_DIR, load_config

@@ -10,7 +10,7 @@ from servers import free_port, running_server
 
 from components.errors import RewardError
 from components.reward_server.settings import ServerSettings
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 from components.trainer.training_run import train
 
 

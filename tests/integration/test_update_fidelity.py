@@ -5,8 +5,8 @@ import pytest
 import torch
 from algorithm_runs import algorithm_on
 
-from components.flowgrpo.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
-from components.flowgrpo.update import Optimization, micro_batches
+from components.flow_rl.rollout import Rollout, SamplerSettings, plan_steps, sample_rollout
+from components.flow_rl.update import Optimization, micro_batches
 from pipeline.config import TINY_CONFIG, load_config
 
 ADVANTAGES = torch.tensor([0.5, 0.0, -1.2, 0.0, 0.8, 0.0, 0.0, 1.1])
@@ -107,12 +107,12 @@ def test_skipping_zero_advantages_is_the_update_on_the_nonzero_samples_alone_wit
 def test_flow_grpo_and_mix_grpo_hand_its_guard_mean_shift_to_the_guarded_loss(monkeypatch, algorithm, shift):
     """With train.grpo_guard every loss of the update takes train.flow_grpo.guard_mean_shift, MixGRPO's too (it is
     FlowGRPO's key; MixGRPO read a copy of it in its own section, and the documented key was silently lost)."""
-    import components.flowgrpo.loss as loss
+    import components.algorithms.flow_grpo as flow_grpo
 
     model, params, settings, rollout = _rollout(keep_means=True)
-    seen, real = [], loss.flow_grpo_loss
-    monkeypatch.setattr(loss, "flow_grpo_loss", lambda *args, **kwargs: seen.append(kwargs["guard"].mean_shift) or real(
-        *args, **kwargs))
+    seen, real = [], flow_grpo.flow_grpo_loss
+    monkeypatch.setattr(flow_grpo, "flow_grpo_loss",
+                        lambda *args, **kwargs: seen.append(kwargs["guard"].mean_shift) or real(*args, **kwargs))
     config = load_config(TINY_CONFIG, [f"train.algorithm={algorithm}", "train.grpo_guard=true",
                                        f"train.flow_grpo.guard_mean_shift={shift}"])
     algorithm = algorithm_on(model, params, config)
@@ -124,7 +124,7 @@ def test_flow_grpo_and_mix_grpo_hand_its_guard_mean_shift_to_the_guarded_loss(mo
 def test_online_dpo_pairs_a_groups_best_and_worst_reward_where_clipped_advantages_tie():
     """The authors rank a group's samples by their rewards: two samples whose advantages clip to the same value
     (here adv_clip_max 5 on Dr.GRPO's undivided advantages) still have a best and a worst, which the pair takes."""
-    from components.flowgrpo.advantages import compute_advantages
+    from components.flow_rl.advantages import compute_advantages
 
     model, params, settings, rollout = _rollout(group_size=4)
     assert rollout.prompt_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -142,7 +142,7 @@ def test_ema_follows_upstreams_warmup_and_schedule_in_closed_form():
     """Upstream: at optimizer step s, update when (s + 1) % k == 0 with decay min(d, (1 + s) / (10 + s))."""
     from fractions import Fraction
 
-    from components.flowgrpo.ema import LoRAEMA
+    from components.flow_rl.ema import LoRAEMA
 
     initial = Fraction(100)
     weight = torch.nn.Parameter(torch.full((1,), float(initial), dtype=torch.float64))

@@ -19,15 +19,15 @@ from rescoring import assert_rescoring_is_exact
 from servers import running_server
 
 from components.errors import ModelLoadError
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.flowgrpo.sde import euler_step
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flow_rl.sde import euler_step
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.models.wan.tiny import build_tiny_wan
 from components.reward_server.settings import Limits, ServerSettings
 from components.rewards.base import PointwiseReward
 from components.rewards.codec import encode_raw_b64
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 from components.rewards.scoring import RewardSet, call_reward
 from components.rewards.temporal import TemporalConsistency
 from components.trainer.samples import FRAME_MS, animated, key_frames, sample_grid

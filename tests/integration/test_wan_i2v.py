@@ -18,8 +18,8 @@ from PIL import Image
 
 from components.dataset.input_images import model_input
 from components.errors import DataError, ModelLoadError
-from components.flowgrpo.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
-from components.flowgrpo.sde import euler_step
+from components.flow_rl.rollout import SamplerSettings, plan_steps, sample_rollout, step_log_prob
+from components.flow_rl.sde import euler_step
 from components.models.config import ModelConfig
 from components.models.loading import load_model
 from components.models.wan.i2v import WanImageToVideoModel

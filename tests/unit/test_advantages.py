@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from components.flowgrpo.advantages import compute_advantages, gdpo_advantages, group_statistics
+from components.flow_rl.advantages import compute_advantages, gdpo_advantages, group_statistics
 
 EPS = 1e-4
 

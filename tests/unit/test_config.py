@@ -74,6 +74,10 @@ def test_override_can_fill_a_null_section():
         (["train.grpo_guard=true", "train.algorithm=diffusion_nft"], ["train.grpo_guard", "diffusion_nft"]),
         (["train.algorithm=grpo"], ["train.algorithm must be one of", "diffusion_nft", "flow_grpo", "'grpo'"]),
         (["train.nft.beta=1"], ["train.nft was renamed train.diffusion_nft"]),
+        (["reward_deploy.limits.header_timeout_s=5"], ["reward_deploy.limits", "header_timeout_s was renamed "
+                                                        "request_head_timeout_s"]),
+        (["reward_deploy.limits.body_timeout_s=5"], ["reward_deploy.limits",
+                                                      "body_timeout_s was renamed body_grace_s"]),
         (["train.diffusion_nft.beta=-1"], ["train.diffusion_nft.beta", "greater than 0"]),
         (["train.diffusion_nft.betta=1"], ["train.diffusion_nft.betta", "unknown key"]),
         (["train.flow_grpo.guard_mean_shift=group"], ["train.flow_grpo.guard_mean_shift", "'sample' or 'batch'"]),

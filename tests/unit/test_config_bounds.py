@@ -17,7 +17,7 @@ from components.config_base import (
     url_credentials_at,
 )
 from components.errors import ConfigError
-from components.flowgrpo.config import MAX_EPOCHS
+from components.flow_rl.config import MAX_EPOCHS
 from components.reward_server.settings import load_settings
 from components.tracking.params import redact
 from components.trainer.config import TrainingJobConfig

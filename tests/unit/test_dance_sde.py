@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from components.errors import ConfigError
-from components.flowgrpo.sde import sde_step_with_logprob
+from components.flow_rl.sde import sde_step_with_logprob
 from pipeline.config import CONFIG_DIR, load_config
 
 TINY = CONFIG_DIR / "tiny-cpu.yaml"

@@ -145,7 +145,7 @@ def test_every_path_a_doc_cites_exists(doc):
 def test_the_rules_find_paths_and_missing_ones():
     """The extraction sees the paths the docs cite (so an empty list above means something), and a wrong folder
     or name is missing."""
-    assert {"pipeline/steps.py", "components/trainer/loop.py", "flowgrpo/config.py"} <= _cited("docs/DESIGN.md")
+    assert {"pipeline/steps.py", "components/trainer/loop.py", "flow_rl/config.py"} <= _cited("docs/DESIGN.md")
     assert {"pipeline/configs/shapes-cpu.yaml", "docs/screenshots/mlflow-chart-view.png"} <= _cited("README.md")
     assert {"docs/INSTALL.md", "manifests/README.md"} <= _cited("docs/README.md")  # `INSTALL.md`, `../manifests/..`
     assert _slug("The demo: shapes-sd3 (`model.kind: shapes-sd3`)") == "the-demo-shapes-sd3-modelkind-shapes-sd3"

@@ -9,10 +9,10 @@ from scipy.ndimage import gaussian_filter
 
 from components.errors import ConfigError
 from components.rewards.arguments import GenEvalShapesArgs
-from components.rewards.config import RewardSpec
-from components.rewards.geneval_shapes import GenEvalShapes, detect_objects
-from components.rewards.registry import build_reward
-from components.rewards.shape_scenes import (
+from components.rewards.geneval_shapes import GenEvalShapes
+from components.rewards.registry import RewardSpec, build_reward
+from components.shapes.detect import detect_objects
+from components.shapes.scenes import (
     COLOURS,
     SHAPES,
     Group,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from components.errors import ConfigError
-from components.launch import launcher_for
+from components.launch.interface import launcher_for
 from components.launch.kubernetes.launcher import KubernetesLauncher
 from components.launch.local import LocalLauncher
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from components.flowgrpo.loss import flow_grpo_loss
+from components.algorithms.flow_grpo import flow_grpo_loss
 
 C = 5.0  # train.adv_clip_max's default
 
@@ -77,7 +77,7 @@ def test_metrics_are_detached_and_finite():
 def _guard_setup(seed: int = 0):
     """One SDE step sampled with an old velocity, re-scored with a new one: (old, new) log-probs and means, the
     drawn noise eps, the step's noise std s and |dt|."""
-    from components.flowgrpo.sde import sde_step_with_logprob
+    from components.flow_rl.sde import sde_step_with_logprob
 
     g = torch.Generator().manual_seed(seed)
     x, v_old = torch.randn(3, 4, 6, 6, generator=g), torch.randn(3, 4, 6, 6, generator=g)
@@ -94,7 +94,7 @@ def _guard_setup(seed: int = 0):
 def test_grpo_guard_log_ratio_is_the_noise_projected_on_the_mean_shift():
     """s (logp - logp_old) + mse / (2 s) = mean_CHW(eps * (mu - mu_old)): centred where the plain log-ratio is
     shifted by -mse / (2 s^2); exactly 0 when the means agree."""
-    from components.flowgrpo.loss import GuardTerms, guard_log_ratio
+    from components.algorithms.flow_grpo import GuardTerms, guard_log_ratio
 
     lp_old, lp_new, mean_old, mean_new, eps, s, dt = _guard_setup()
     guard = GuardTerms(old_mean=mean_old, noise_std=s, dt=dt)
@@ -108,7 +108,7 @@ def test_grpo_guard_log_ratio_is_the_noise_projected_on_the_mean_shift():
 
 
 def test_grpo_guard_divides_the_policy_loss_by_dt_but_not_the_kl():
-    from components.flowgrpo.loss import GuardTerms, guard_log_ratio
+    from components.algorithms.flow_grpo import GuardTerms, guard_log_ratio
 
     lp_old, lp_new, mean_old, mean_new, _, s, dt = _guard_setup(1)
     adv = torch.tensor([1.0, -0.5, 2.0])
@@ -126,7 +126,7 @@ def test_grpo_guard_divides_the_policy_loss_by_dt_but_not_the_kl():
 def test_the_loss_clips_the_advantages_itself():
     """An advantage beyond train.adv_clip_max gives the loss and gradient of the clipped one (the caller need not
     have clipped), with and without GRPO-Guard; advantages within the bound pass unchanged to the bit."""
-    from components.flowgrpo.loss import GuardTerms
+    from components.algorithms.flow_grpo import GuardTerms
 
     lp_old, lp_new, mean_old, mean_new, _, s, dt = _guard_setup(2)
     raw = torch.tensor([9.0, -0.5, -7.5])
@@ -144,7 +144,7 @@ def test_the_loss_clips_the_advantages_itself():
 
 
 def test_adv_clip_max_and_mean_shift_are_checked():
-    from components.flowgrpo.loss import GuardTerms
+    from components.algorithms.flow_grpo import GuardTerms
 
     with pytest.raises(ValueError, match="adv_clip_max"):
         flow_grpo_loss(torch.zeros(2), torch.zeros(2), torch.zeros(2), clip_range=0.2, adv_clip_max=0.0)
@@ -156,7 +156,7 @@ def _guard_batch(seed: int):
     """One SDE step of 4 samples at one noise level, sampled with an old velocity and re-scored with a new one
     (a leaf, for gradients) whose shift differs in size per sample, so the micro-batch's mean shift is none of
     the samples' own."""
-    from components.flowgrpo.sde import sde_step_with_logprob
+    from components.flow_rl.sde import sde_step_with_logprob
 
     g = torch.Generator().manual_seed(seed)
     x, v_old = torch.randn(4, 4, 6, 6, generator=g), torch.randn(4, 4, 6, 6, generator=g)
@@ -177,7 +177,7 @@ GUARD_CLIP = 1e-3
 def _ours(mean_shift: str, seed: int, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """flow_grpo_loss with GRPO-Guard as FlowGRPO.loss calls it: the loss, its gradient in the new velocity and
     the mean ratio."""
-    from components.flowgrpo.loss import GuardTerms
+    from components.algorithms.flow_grpo import GuardTerms
 
     v, lp, lp_old, mean, mean_old, ref, std_dev_t, dt = _guard_batch(seed)
     guard = GuardTerms(old_mean=mean_old, noise_std=std_dev_t * dt**0.5, dt=dt, mean_shift=mean_shift)

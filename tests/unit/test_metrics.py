@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from components.flowgrpo.metrics import (
+from components.trainer.metrics import (
     EpochEta,
     MetricsFile,
     describe_learning,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from components.algorithms.mix_grpo import window_steps
-from components.flowgrpo.rollout import SamplerSettings, sample_rollout, step_path
-from components.flowgrpo.sde import data_prediction, dpm2_step, euler_step, sde_step_with_logprob
+from components.flow_rl.rollout import SamplerSettings, sample_rollout, step_path
+from components.flow_rl.sde import data_prediction, dpm2_step, euler_step, sde_step_with_logprob
 
 # -- the window -------------------------------------------------------------------------------------
 

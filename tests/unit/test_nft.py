@@ -5,13 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from components.flowgrpo.nft import (
-    forward_noise,
-    nft_loss,
-    old_policy_decay,
-    optimality_probability,
-    soft_update,
-)
+from components.algorithms.diffusion_nft import nft_loss, old_policy_decay, optimality_probability, soft_update
+from components.flow_rl.sde import forward_noise
 
 
 def _transcribed_loss(v_theta, v_old, xt, x0, t, adv, beta, clip, v_ref=None, kl_weight=0.0):
@@ -75,12 +70,6 @@ def test_gradient_at_the_old_policy_follows_the_advantage():
 def test_optimality_probability_maps_the_clipped_advantage_to_0_1():
     adv = torch.tensor([-9.0, -5.0, -2.5, 0.0, 1.0, 5.0, 12.0])
     assert optimality_probability(adv, 5.0).tolist() == pytest.approx([0.0, 0.0, 0.25, 0.5, 0.6, 1.0, 1.0])
-
-
-def test_forward_noise_is_the_flow_matching_interpolation():
-    x0, eps = torch.tensor([2.0, -1.0]), torch.tensor([0.5, 3.0])
-    assert forward_noise(x0, eps, 0.25).tolist() == pytest.approx([0.75 * 2 + 0.25 * 0.5, -0.75 + 0.75])
-    assert torch.equal(forward_noise(x0, eps, 0.0), x0) and torch.equal(forward_noise(x0, eps, 1.0), eps)
 
 
 def _return_decay(step, decay_type):

@@ -10,9 +10,8 @@ from rapidocr import RapidOCR
 from components.errors import ConfigError
 from components.rewards import ocr
 from components.rewards.arguments import OcrArgs
-from components.rewards.config import RewardSpec
 from components.rewards.ocr import OcrReward
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from components.rewards.text_match import ocr_score
 from components.trainer.config import TrainingJobConfig
 

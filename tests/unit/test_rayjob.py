@@ -170,6 +170,28 @@ def test_entrypoint_and_runtime_env_carry_the_exact_config(path, parent):
     assert "cluster" not in own.model_dump() and own.train.epochs == 7
 
 
+@pytest.mark.parametrize(("overrides", "sections"), [
+    ([], ["flow_grpo"]),
+    (["train.algorithm=mix_grpo"], ["flow_grpo", "mix_grpo"]),  # MixGRPO reads FlowGRPO's section too
+    (["train.algorithm=awm"], ["awm"]),
+    (["train.diffusion_nft.beta=2"], ["diffusion_nft", "flow_grpo"]),  # changed, though unread: it travels
+])
+def test_the_rayjob_carries_the_sections_the_run_reads_and_those_it_changes(overrides, sections):
+    """tiny-cpu.yaml spells two algorithms' sections, the schema has them all; the RayJob carries the run's own and a
+    changed one (whose note the trainer then gives), and the trainer fills the others with their defaults."""
+    from components.algorithms.base import algorithms
+    from components.trainer.config import algorithm_notes
+
+    config, manifest = _build(TINY, overrides)
+    data = yaml.safe_load(yaml.safe_load(manifest["spec"]["runtimeEnvYAML"])["env_vars"]["FLOWGRPO_EXPERIMENT_CONFIG"])
+    assert sorted(set(data["train"]) & set(algorithms())) == sections
+    own = TrainingJobConfig.from_sections(data, "env:FLOWGRPO_EXPERIMENT_CONFIG")
+    assert own.train == config.train
+    assert algorithm_notes(own) == algorithm_notes(config)
+    assert any("train.diffusion_nft.beta is not used" in n for n in algorithm_notes(own)) == ("diffusion_nft" in
+                                                                                               sections)
+
+
 def test_yaml_output_round_trips_without_anchors_or_folded_lines():
     _, manifest = _build(SD35, parent="p")
     text = to_yaml(manifest)

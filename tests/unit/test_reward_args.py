@@ -11,9 +11,8 @@ import pytest
 from components.errors import ConfigError
 from components.reward_server.settings import load_settings
 from components.rewards.arguments import NoArgs
-from components.rewards.config import BUILTIN, RewardSpec
-from components.rewards.registry import build_reward, reward_class
-from components.rewards.schemas import markdown
+from components.rewards.docs_page import markdown
+from components.rewards.registry import BUILTIN, RewardSpec, build_reward, reward_class
 from components.trainer.config import TrainingJobConfig
 from pipeline.cli import main
 from pipeline.config import load_config
@@ -111,4 +110,4 @@ def test_a_classs_model_is_the_one_its_config_is_checked_against(name):
 
 def test_the_published_schemas_are_the_models():
     assert (REPO / "docs" / "REWARDS.md").read_text(encoding="utf-8") == markdown(), \
-        "regenerate: python -m components.rewards.schemas > docs/REWARDS.md"
+        "regenerate: python -m components.rewards.docs_page > docs/REWARDS.md"

@@ -6,7 +6,7 @@ import pytest
 from reward_fixtures import InputMean
 
 from components.rewards.base import BatchedReward, Inputs
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 from components.rewards.scoring import BackgroundScoring, RewardSet, call_reward
 
 

@@ -9,9 +9,8 @@ from PIL import Image
 from components.errors import RewardError
 from components.rewards.base import PointwiseReward
 from components.rewards.brightness import Brightness
-from components.rewards.config import RewardSpec
 from components.rewards.jpeg import JpegCompressibility, JpegIncompressibility
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from components.rewards.scoring import RewardSet, combine
 
 

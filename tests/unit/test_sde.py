@@ -1,4 +1,5 @@
-"""The SDE step against an independent float64 computation of the spec's formulas (docs/ALGORITHM.md 1-2)."""
+"""The SDE step against an independent float64 computation of the spec's formulas (docs/ALGORITHM.md 1-2), and the
+forward noising."""
 
 import math
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from components.flowgrpo.sde import sde_step_with_logprob
+from components.flow_rl.sde import forward_noise, sde_step_with_logprob
 
 
 def _inputs(seed: int, shape=(3, 4, 5, 5)):
@@ -123,3 +124,9 @@ def test_unknown_sde_type_is_rejected():
     x, v = _inputs(9)
     with pytest.raises(ValueError, match="sde_type"):
         sde_step_with_logprob(v, 0.5, 0.4, x, noise_level=0.7, sde_type="ode")
+
+
+def test_forward_noise_is_the_flow_matching_interpolation():
+    x0, eps = torch.tensor([2.0, -1.0]), torch.tensor([0.5, 3.0])
+    assert forward_noise(x0, eps, 0.25).tolist() == pytest.approx([0.75 * 2 + 0.25 * 0.5, -0.75 + 0.75])
+    assert torch.equal(forward_noise(x0, eps, 0.0), x0) and torch.equal(forward_noise(x0, eps, 1.0), eps)

@@ -13,7 +13,7 @@ from components.models.config import ModelConfig
 from components.models.flux.kontext import FluxKontextModel
 from components.models.loading import load_model
 from components.models.shapes_edit_pretrain import EditPretrainConfig, pretrain
-from components.rewards.shape_edits import BUILTIN_PATH
+from components.shapes.edits import BUILTIN_PATH
 
 
 @pytest.fixture(scope="module")

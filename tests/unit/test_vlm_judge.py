@@ -27,8 +27,7 @@ from components import environ
 from components.errors import ConfigError
 from components.launch.kubernetes import podspec
 from components.rewards.arguments import VLMJudgeArgs
-from components.rewards.config import RewardSpec
-from components.rewards.registry import build_reward
+from components.rewards.registry import RewardSpec, build_reward
 from components.rewards.scoring import call_reward
 from components.rewards.text_match import ocr_score
 from components.rewards.vlm_judge import VLMJudge

@@ -37,11 +37,14 @@ OPERATOR_LABELS = {"app.kubernetes.io/component": "kuberay-operator"}
 
 
 class LaunchableConfig(Protocol):
-    """What the launcher needs of an experiment config (pipeline.config.ExperimentConfig)."""
+    """What the launcher needs of an experiment config (pipeline.config.ExperimentConfig): the cluster, the whole
+    config (its run id follows it) and what of it the run is handed."""
 
     cluster: RayJobConfig
 
     def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+    def run_data(self) -> dict[str, Any]: ...
 
 
 def rayjob_name(run_id: str) -> str:
@@ -113,7 +116,7 @@ def build_rayjob(config: LaunchableConfig, *, run_id: str, output: str,
     if not remote:
         raise LaunchError(f"--output {output!r} must be an s3:// URI: the Ray pods share no filesystem and are "
                           "deleted when the job ends")
-    data = config.model_dump(mode="json")
+    data = config.run_data()
     for where, value in (("--output", output), ("--mlflow-parent-run-id", parent_run_id or "")):
         if URL_USERINFO.search(value):
             raise LaunchError(f"{where} embeds credentials in a URL; the RayJob is readable by anyone who can "

@@ -34,7 +34,7 @@ from components.launch.kubernetes.podspec import (
 from components.launch.kubernetes.reward_deploy_config import RewardDeployConfig
 from components.launch.kubernetes.types import Toleration
 from components.reward_server.settings import judge_specs, settings_yaml
-from components.rewards.config import RewardSpec
+from components.rewards.registry import RewardSpec
 
 NAME_PREFIX = "flowgrpo-rs-"
 # Service names are DNS-1035 labels (63): room for JUDGE_SUFFIX.

@@ -10,10 +10,10 @@ from scipy.ndimage import gaussian_filter
 from components.dataset.config import BUILTIN_KINDS
 from components.rewards.arguments import EditConsistencyArgs, ShapesEditArgs
 from components.rewards.base import SampleError
-from components.rewards.config import RewardSpec
 from components.rewards.edit_consistency import EditConsistency, consistency
-from components.rewards.registry import build_reward
-from components.rewards.shape_edits import (
+from components.rewards.registry import RewardSpec, build_reward
+from components.rewards.shapes_edit import ShapesEdit, edit_scores
+from components.shapes.edits import (
     BUILTIN_PATH,
     BUILTIN_ROWS,
     EDIT_WORDS,
@@ -23,8 +23,7 @@ from components.rewards.shape_edits import (
     parse_instruction,
     scene_from_json,
 )
-from components.rewards.shape_scenes import COLOURS, VOCABULARY, PromptParseError, draw_objects
-from components.rewards.shapes_edit import ShapesEdit, edit_scores
+from components.shapes.scenes import COLOURS, VOCABULARY, PromptParseError, draw_objects
 
 # cell -> the left, top corner of a 15 px object centred in that cell of a 48 px image
 CORNERS = {0: (4, 4), 1: (28, 4), 2: (4, 28), 3: (28, 28)}

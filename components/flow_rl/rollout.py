@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from components.flowgrpo.sde import ODE_SOLVERS, data_prediction, dpm2_step, euler_step, sde_step_with_logprob
+from components.flow_rl.sde import ODE_SOLVERS, data_prediction, dpm2_step, euler_step, sde_step_with_logprob
 from components.models.base import FlowMatchingModel, PromptEmbeddings
 
 

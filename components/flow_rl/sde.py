@@ -1,7 +1,9 @@
-"""One reverse-time SDE step of a flow-matching sampler, with its log-probability.
+"""The steps along a flow-matching path: one reverse-time SDE step of the sampler with its log-probability, the ODE
+steps, and the forward noising the flow-matching losses train on.
 
-Implements docs/ALGORITHM.md sections 1 (``sde``), 2 (``cps``) and 13 (``dance``). All math runs in
-float32 whatever the model dtype. Imports only torch.
+Implements docs/ALGORITHM.md sections 1 (``sde``), 2 (``cps``) and 13 (``dance``), the multistep solver of section 12
+and the forward process of sections 9, 11 and 14. The sampler's maths runs in float32 whatever the model dtype.
+Imports only torch.
 """
 
 from __future__ import annotations
@@ -81,6 +83,11 @@ def sde_step_with_logprob(
         log_prob = -sq  # constants and scale dropped, as upstream
     log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
     return prev_sample, log_prob, mean, std_dev_t
+
+
+def forward_noise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``x_t = (1 - t) x0 + t eps``: the flow-matching forward process at noise level ``sigma``."""
+    return (1 - sigma) * x0 + sigma * noise
 
 
 def euler_step(model_output: torch.Tensor, sigma: float, sigma_next: float, sample: torch.Tensor) -> torch.Tensor:

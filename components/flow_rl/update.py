@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from components.flowgrpo.ema import LoRAEMA
+from components.flow_rl.ema import LoRAEMA
 
 
 def micro_batches(advantages: torch.Tensor, batch_size: int, skip_zero_advantage: bool,

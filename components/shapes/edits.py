@@ -1,4 +1,4 @@
-"""The edit world of the editing demo: a shapes scene (``shape_scenes``) and an instruction that changes one cell.
+"""The edit world of the editing demo: a shapes scene (``scenes``) and an instruction that changes one cell.
 
 Three instructions, each well defined on the scene it is drawn for:
 - recolour: "make the blue square red" -- the named object exists and is the only one the words fit;
@@ -11,7 +11,7 @@ shortest unambiguous words). Words outside the shapes vocabulary ("make", "the",
 the demo models' character-level tokenizers, whose letters every encoder already has (docs/MODELS.md).
 
 ``edit_triples`` draws (source, instruction, target) for pretraining and the built-in ``shapes-edit`` set;
-``python -m components.rewards.shape_edits`` rewrites components/dataset/builtin/shapes-edit.jsonl.
+``python -m components.shapes.edits`` rewrites components/dataset/builtin/shapes-edit.jsonl.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from components.rewards.shape_scenes import (
+from components.shapes.scenes import (
     COLOURS,
     MAX_OBJECTS,
     SHAPES,
