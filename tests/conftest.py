@@ -13,8 +13,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # How .ci/run's pytest-xdist workers share the tests. A unit of work ("scope") goes to one worker whole: each test
 # file is one, so its module fixtures (trained runs, started services) are built once; the files that start a local
 # Ray cluster share one, since three Ray clusters on two cores starve each other past their timeouts (seen: a 2-min
-# test killed at 7 min); each benchmark smoke run and each model-family test is one of its own. The slowest go
-# first (CI's --durations), so none of them starts last and holds up the end of the run.
+# test killed at 7 min); each benchmark smoke run and each model-family test is one of its own. The longest scopes
+# go first, so none of them starts last and holds up the end of the run: the Ray scope (a chain, by the above), then
+# the scopes with the most tests marked `slow`. The mark is what orders them, and the end of every run names the
+# unmarked tests that took SLOW_S or more, so a slow test added without it is seen in the next CI log.
 RAY_SCOPE = "ray"
 SHARED_SCOPES = {
     "tests/integration/test_ray_train.py": RAY_SCOPE, "tests/integration/test_ray_startup.py": RAY_SCOPE,
@@ -26,20 +28,7 @@ SHARED_SCOPES = {
 }
 PER_TEST_FILES = ("tests/benchmarks/test_benchmark_smoke_runs.py", "tests/integration/test_model_families.py",
                   "tests/integration/test_video_family.py")
-SLOWEST_FIRST = [
-    RAY_SCOPE, "tests/integration/test_local_run.py", "tests/integration/test_cli.py",
-    "tests/integration/test_sharding.py", "tests/integration/test_model_families.py",
-    "tests/integration/test_video_family.py", "tests/integration/test_qwenimage_edit.py",
-    "tests/integration/test_wan_i2v.py",
-    "tests/vllm/test_vlm_judge_real.py", "tests/integration/test_compile.py", "tests/integration/test_training.py",
-    "tests/integration/test_evaluate.py", "tests/integration/test_training_rewards.py",
-    "tests/integration/test_reward_server_outage.py", "tests/integration/test_tracking.py",
-    "tests/integration/test_dpo_training.py", "tests/integration/test_awm_training.py",
-    "tests/integration/test_mix_grpo_training.py", "tests/integration/test_dance_sde_training.py",
-    "tests/integration/test_flux_kontext.py",
-    "tests/integration/test_flux2_references.py",
-    *PER_TEST_FILES,  # then the benchmark smoke runs (1-3 min each), then the rest in collection order
-]
+SLOW_S = 20.0  # pyproject.toml's `slow` marker: a test whose setup and call take this long or more in CI
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -59,18 +48,43 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ScopeScheduling(config, log)
 
 
+def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items reordered scope by scope: the Ray scope, then by the number of slow tests, then as collected."""
+    slow = collections.Counter(xdist_scope(item.nodeid) for item in items if item.get_closest_marker("slow"))
+    first_seen = {xdist_scope(item.nodeid): i for i, item in reversed(list(enumerate(items)))}
+
+    def order(item: pytest.Item) -> tuple[bool, int, int]:
+        scope = xdist_scope(item.nodeid)
+        return scope != RAY_SCOPE, -slow[scope], first_seen[scope]
+
+    return sorted(items, key=order)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # xdist keeps one test per node id: tests sharing one would silently not run (schemathesis' parametrize did)
     counts = collections.Counter(item.nodeid for item in items)
     if shared := sorted(nodeid for nodeid, n in counts.items() if n > 1):
         raise pytest.UsageError(f"tests share a node id, so pytest-xdist would run one of each: {shared}")
-    rank = {scope: i for i, scope in enumerate(SLOWEST_FIRST)}
+    items[:] = longest_first(items)
 
-    def order(item: pytest.Item) -> int:
-        scope = xdist_scope(item.nodeid)
-        return rank.get(scope, rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
-    items.sort(key=order)
+_seconds: collections.Counter = collections.Counter()
+_marked_slow: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when in ("setup", "call"):
+        _seconds[report.nodeid] += report.duration
+        if "slow" in report.keywords:
+            _marked_slow.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    unmarked = [(s, nodeid) for nodeid, s in _seconds.items() if s >= SLOW_S and nodeid not in _marked_slow]
+    if unmarked:
+        terminalreporter.section(f"tests of {SLOW_S:.0f} s or more not marked slow (CI starts their files late)")
+        for s, nodeid in sorted(unmarked, reverse=True):
+            terminalreporter.write_line(f"{s:7.1f}s {nodeid}")
 
 
 SMALL = [
