@@ -6,9 +6,11 @@ launcher builds, as KubeRay would start it: the head pod's ``ray start --head`` 
 ``rayStartParams``, each worker pod's ``ray start --address`` with its ``rayStartParams`` and the ``--num-cpus`` /
 ``--num-gpus`` / ``--memory`` KubeRay derives from the container's limits, every process with the container's
 environment (Secret references filled from the test's services, as Kubernetes fills them) and its own ``HOME`` and
-Ray temp dir (a pod's ``/tmp`` emptyDir). The run is the RayJob's own entrypoint, started on the head host with the
-runtime env's variables and ``RAY_ADDRESS``, as KubeRay's job submission starts the driver. So what the tests run
-is what the manifest says, and a change to the manifest changes the tests.
+Ray temp dir (a pod's ``/tmp`` emptyDir); a test may add Ray settings of its own to the Ray processes (``ray_env``:
+e.g. health checks shorter than Ray's minute, which a test has no time to wait out). The run is the RayJob's own
+entrypoint, started on the head host with the runtime env's variables and ``RAY_ADDRESS``, as KubeRay's job
+submission starts the driver. So what the tests run is what the manifest says, and a change to the manifest changes
+the tests.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ class Host:
 class NetnsCluster:
     """Hosts ``NAME-h0`` .. ``NAME-h{n-1}``; host 0 is the Ray head."""
 
-    def __init__(self, name: str, n: int, workdir: Path, subnet: str) -> None:
-        self.name, self.workdir = name, workdir
+    def __init__(self, name: str, n: int, workdir: Path, subnet: str, ray_env: dict[str, str] | None = None) -> None:
+        self.name, self.workdir, self.ray_env = name, workdir, ray_env or {}
         self.bridge_address = f"{subnet}.1"
         lines = hosts_script("up", name, str(n), subnet).split()
         self.hosts = [Host(i, lines[2 * i + 1], workdir / f"h{i}") for i in range(n)]
@@ -143,7 +145,7 @@ class NetnsCluster:
         args = ray_start_args(group, head=host.index == 0, head_address=self.head.address)
         self.popen(host, ["ray", "start", "--block", f"--node-ip-address={host.address}",
                           f"--temp-dir={host.home / 'ray'}", *args],
-                   self._base_env(host), self.workdir / f"h{host.index}-ray.log")
+                   {**self._base_env(host), **self.ray_env}, self.workdir / f"h{host.index}-ray.log")
 
     def alive_nodes(self) -> list[str]:
         """Addresses of the nodes the head's GCS counts alive."""
@@ -227,9 +229,10 @@ class NetnsCluster:
 
 
 @contextlib.contextmanager
-def netns_cluster(name: str, n: int, workdir: Path, subnet: str) -> Iterator[NetnsCluster]:
+def netns_cluster(name: str, n: int, workdir: Path, subnet: str,
+                  ray_env: dict[str, str] | None = None) -> Iterator[NetnsCluster]:
     """``n`` hosts (scripts/hosts.sh up), deleted with every process on them at the end."""
-    cluster = NetnsCluster(name, n, workdir, subnet)
+    cluster = NetnsCluster(name, n, workdir, subnet, ray_env)
     try:
         yield cluster
     finally:

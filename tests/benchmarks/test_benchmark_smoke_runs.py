@@ -42,7 +42,8 @@ SMOKE_RUNS: dict[str, tuple[list[str], list[str]]] = {
         rf"(?m)^\| 8 \| NVLink \| 144 \| 2 \| {NUM} \| {NUM} \| {NUM} \| {NUM}% \|",
         r"Below 90% efficiency:",
     ]),
-    "bench_multihost.py": (["--epochs", "4", "--prompts", "4"], [
+    # 3 epochs: the first two are warm-up, the third the steady state; 2 prompts: one optimizer step an epoch
+    "bench_multihost.py": (["--epochs", "3", "--prompts", "2"], [
         rf"link between two hosts \(veth \+ bridge\): {NUM} GB/s, {NUM} us one way",
         rf"1 worker alone, steady-state epoch: sampling {NUM} s \+ scoring {NUM} s \+ training {NUM} s = {NUM} s",
         rf"1 worker beside another on the other host, steady-state epoch: sampling {NUM} s .* = {NUM} s",

@@ -48,7 +48,12 @@ RUN = ["sampling.prompts_per_epoch=4", "sampling.group_size=4", "sampling.batch_
        "cluster.workers.replicas=2", "cluster.workers.cpu=1", "cluster.workers.memory=2Gi",
        "cluster.workers.shm_size=256Mi", "cluster.head.cpu=1", "cluster.head.memory=2Gi",
        "cluster.head.shm_size=256Mi", "cluster.termination_grace_s=30"]
-NODE_DEATH_S = 70  # Ray declares a node that stopped answering dead after about this long (measured 60-66 s)
+# Ray declares a node that stopped answering dead after failure_threshold health checks in a row missed, each
+# timeout_ms then period_ms apart: with Ray's defaults (5 x (10 + 3) s) about a minute (measured 60-66 s), which the
+# partition and kill tests would wait out. The hosts' Ray checks every second and gives a check 2 s: ~15 s
+HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+                 "RAY_health_check_failure_threshold": "5"}
+NODE_DEATH_S = 5 * (2 + 1) + 5  # the above, and the check already under way when the node stops answering
 PLACEMENT = re.compile(r"Ray Train workers: (.*)")
 RANK = re.compile(r"rank (\d+) on ([\d.]+) \(node (\w+)\)")
 
@@ -112,7 +117,7 @@ def world() -> Iterator[World]:
     workdir = Path(tempfile.mkdtemp(prefix="fgmh-", dir="/tmp"))  # short: Ray's socket paths live under it
     saved = dict(os.environ)
     try:
-        with netns_cluster(NAME, 3, workdir, SUBNET) as cluster, \
+        with netns_cluster(NAME, 3, workdir, SUBNET, ray_env=HEALTH_CHECKS) as cluster, \
                 running_seaweed(workdir / "s3", host=cluster.bridge_address) as s3, \
                 running_mlflow(workdir / "mlflow", s3=s3, host=cluster.bridge_address) as mlflow:
             os.environ.update({**s3.env(), **mlflow.env(), "FLOWGRPO_CACHE_DIR": str(workdir / "test-cache")})
@@ -137,12 +142,14 @@ def whole_cluster(world: World) -> None:
         cluster.stop_ray()
         cluster.start_ray(cluster.rayjob, cluster.secrets)
         return
-    for host in cluster.hosts[1:]:
-        if host.address not in alive or not any(p.poll() is None for p in host.procs):
-            cluster.kill(host.index)
-            cluster.wait_until_gone(host.address, 120)
-            cluster.start_node(host)
-    cluster.wait_for_nodes(len(cluster.hosts), 120)
+    lost = [host for host in cluster.hosts[1:]
+            if host.address not in alive or not any(p.poll() is None for p in host.procs)]
+    for host in lost:
+        cluster.kill(host.index)
+        cluster.wait_until_gone(host.address, 120)
+        cluster.start_node(host)
+    if lost:  # else all three were alive in the look above: no second look
+        cluster.wait_for_nodes(len(cluster.hosts), 120)
 
 
 def _launch(world: World, rayjob: dict, name: str) -> tuple[subprocess.Popen, Log]:
@@ -299,8 +306,8 @@ def test_a_partition_times_out_the_collective_and_a_host_that_stays_away_stops_t
     assert rc == 2
     assert timed_out - cut < timeout_s + 10
     # the restart waits start_timeout_s for the workers' resources only once the old group is gone, and Ray Train
-    # lets the group on a cut host go when Ray declares its node dead: about a minute after it stops answering
-    # (Ray's health checks, RAY_health_check_* on the head), here measured 60-66 s
+    # lets the group on a cut host go when Ray declares its node dead: NODE_DEATH_S after it stops answering (Ray's
+    # health checks, RAY_health_check_* on the head: a minute with Ray's defaults, HEALTH_CHECKS here)
     assert gave_up - cut < max(timeout_s, NODE_DEATH_S) + start_s + 15
     assert stopped - gave_up < 15
     address = world.cluster.hosts[victim].address

@@ -3,6 +3,7 @@
 Worker groups take about a minute to start on 2 cores, so each test starts as few runs as it can.
 """
 
+import contextlib
 import json
 import os
 import threading
@@ -16,6 +17,7 @@ from metric_rows import without_timing
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
+from components import storage
 from components.errors import ConfigError
 from components.trainer import checkpoint as ckpt
 from components.trainer.training_run import train
@@ -78,18 +80,57 @@ def test_worker_counts_that_cannot_split_an_epoch_are_refused(tmp_path):
     assert not (tmp_path / "x").exists()  # refused before anything is written
 
 
-def test_two_workers_learn_into_s3_and_mlflow(services, env):
+def _train_workers() -> list[psutil.Process]:
+    """This test's Ray Train workers: its local Ray (started by ``train`` in this process) is this process's child,
+    and other Ray sessions on the machine are not."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "RayTrainWorker" in " ".join(p.cmdline()):
+                found.append(p)
+    return found
+
+
+def test_two_workers_learn_into_s3_and_mlflow_and_a_killed_worker_resumes_from_the_last_checkpoint(services, env):
     s3, mlflow = services
     experiment = f"ray-{uuid.uuid4().hex[:6]}"
     uri = f"s3://{s3.bucket}/ray/{uuid.uuid4().hex[:8]}"
     config = load_config(TINY_CONFIG, ["train.epochs=12", "train.checkpoint_every=6",
                                        f"tracking.experiment={experiment}", "tracking.sample_every=6"])
+    first = f"{uri}/checkpoints/epoch-000006"
+    killed: dict = {}
+
+    def kill_once_the_first_checkpoint_is_out() -> None:
+        deadline = time.monotonic() + 1200  # 6 epochs take ~15 s alone, several minutes on a loaded CI
+        while time.monotonic() < deadline:
+            if (manifest := storage.complete_manifest(first)) and (victims := _train_workers()):
+                killed["niceness"] = [v.nice() for v in victims]
+                killed["published_at"] = manifest["published_at"]
+                victims[-1].kill()
+                killed["pid"] = victims[-1].pid
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=kill_once_the_first_checkpoint_is_out, daemon=True)
+    watcher.start()
     _, log = _lines()
     result = train(config, uri, log=log, workers=2)
+    watcher.join(timeout=1)
+    assert "pid" in killed, "no Ray Train worker was found to kill"
+    # the local Ray's training workers run at this process's priority, not Ray's default niceness of 15
+    assert killed["niceness"] == [os.nice(0)] * 2
+    assert not psutil.pid_exists(int(killed["pid"])) or psutil.Process(int(killed["pid"])).status() == "zombie"
     summary = result.learning_summary()
     assert summary["learned"], summary
+    rows = [json.loads(line) for line in storage.get_bytes(f"{uri}/metrics.jsonl").decode().splitlines()]
+    assert [r["epoch"] for r in rows] == list(range(1, 13)) == [r["epoch"] for r in result.history]
+    # resumed, not restarted: the checkpoint of epoch 6 was never published again
+    assert storage.complete_manifest(first)["published_at"] == killed["published_at"]
+    for epoch in (6, 12):  # every checkpoint is complete and readable
+        assert ckpt.read_checkpoint(f"{uri}/checkpoints/epoch-{epoch:06d}").epoch == epoch
     assert ckpt.latest_checkpoint(uri) == f"{uri}/checkpoints/epoch-000012"
-    assert ckpt.read_checkpoint(f"{uri}/checkpoints/epoch-000006").epoch == 6
+    assert storage.list_uris(f"{uri}/lora")
+    # MLflow: one finished run, every epoch once (the one recomputed after the kill is not logged again)
     client = MlflowClient(mlflow.url)
     (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert run.info.status == "FINISHED"
@@ -98,46 +139,3 @@ def test_two_workers_learn_into_s3_and_mlflow(services, env):
                                                     for r in result.history]
     images = [f.path for f in client.list_artifacts(run.info.run_id, "images")]
     assert any("samples+step+6+" in p for p in images)
-
-
-def _train_workers() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
-
-
-def test_killing_a_worker_resumes_from_the_last_checkpoint_and_finishes(tmp_path):
-    out = tmp_path / "run"
-    config = load_config(TINY_CONFIG, [*SMALL, "train.epochs=6", "train.checkpoint_every=2"])
-    first_manifest = out / "checkpoints" / "epoch-000002" / "_MANIFEST.json"
-    killed: dict[str, float] = {}
-
-    def kill_after_epoch_3() -> None:
-        metrics = out / "metrics.jsonl"
-        deadline = time.monotonic() + 1200  # 3 epochs take ~30 s alone, several minutes on a loaded CI
-        while time.monotonic() < deadline:
-            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
-                victims = _train_workers()
-                if victims:
-                    killed["niceness"] = [v.nice() for v in victims]
-                    killed["mtime"] = first_manifest.stat().st_mtime_ns
-                    victims[-1].kill()
-                    killed["pid"] = victims[-1].pid
-                    return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=kill_after_epoch_3, daemon=True)
-    watcher.start()
-    _, log = _lines()
-    result = train(config, out, log=log, workers=2)
-    watcher.join(timeout=1)
-    assert "pid" in killed, "no Ray Train worker was found to kill"
-    # the local Ray's training workers run at this process's priority, not Ray's default niceness of 15
-    assert killed["niceness"] == [os.nice(0)] * 2
-    assert not psutil.pid_exists(int(killed["pid"])) or psutil.Process(int(killed["pid"])).status() == "zombie"
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5, 6] == [r["epoch"] for r in result.history]
-    # resumed, not restarted: the checkpoint of epoch 2 was never written again
-    assert first_manifest.stat().st_mtime_ns == killed["mtime"]
-    for epoch in (2, 4, 6):  # every checkpoint is complete and readable
-        assert ckpt.read_checkpoint(str(out / "checkpoints" / f"epoch-{epoch:06d}")).epoch == epoch
-    assert ckpt.latest_checkpoint(out) == str(out / "checkpoints" / "epoch-000006")
-    assert (result.lora_dir / ckpt.LORA_FILE).is_file()
