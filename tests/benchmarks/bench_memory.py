@@ -7,7 +7,7 @@
         [--cpu-families sd35-medium,sd35-large,flux1-dev,qwen-image,flux2-klein,z-image,wan21-1.3b,flux1-kontext,
                         wan21-i2v-14b,flux2-klein-base]
         [--all-settings]
-        [--depth N]   # estimates with N transformer blocks: a smoke run (CI)
+        [--depth N]   # estimates with N transformer blocks, each recipe's own setting only: a smoke run (CI)
 
 1. Estimated, every machine: each recipe at real shape (random weights, fake tensors: no memory, no compute,
    seconds on a CPU), at its per-worker batches, for every combination of train.gradient_checkpointing,
@@ -151,8 +151,8 @@ def calibration() -> None:
 
 def estimates(recipes: list[str], depth: int | None) -> None:
     if depth is not None:
-        print(f"\nsmoke run: transformers cut to {depth} blocks, so these are NOT the recipes' figures "
-              "(docs/MEMORY.md has them)")
+        print(f"\nsmoke run: transformers cut to {depth} blocks and each recipe's own setting only, so these are NOT "
+              "the recipes' figures (docs/MEMORY.md has them)")
     for recipe in recipes:
         config = load_config(CONFIG_DIR / f"{recipe}.yaml")
         family, world, t = RECIPES[recipe], config.cluster.workers.training_workers, config.train
@@ -162,7 +162,10 @@ def estimates(recipes: list[str], depth: int | None) -> None:
               f"{t.batch_size_per_worker} per training forward{' with CFG' if t.train_cfg else ''}, "
               f"{config.model.resolution} px{inputs}; FSDP over {world} workers; estimated GiB")
         print(f"  {'setting':<33} {'sampling':>8} {'training':>8} {'encode':>7} {'peak':>6}")
-        for ckpt, offload, sharding in itertools.product((False, True), (False, True), ("none", "fsdp")):
+        # a smoke run estimates one setting per recipe: the shipped recipes' own settings take every value of
+        # each knob between them, and each fake pass costs seconds
+        settings = itertools.product((False, True), (False, True), ("none", "fsdp")) if depth is None else [own]
+        for ckpt, offload, sharding in settings:
             start = time.perf_counter()
             e = _estimate(config, family, ckpt=ckpt, offload=offload, world=world if sharding == "fsdp" else 1,
                           transformer_layers=depth, input_images=INPUT_IMAGES.get(recipe, 0))
@@ -382,7 +385,8 @@ def main() -> None:
                         help="families measured on the CPU ('' = none)")
     parser.add_argument("--all-settings", action="store_true", help="on a GPU: checkpointing x offload")
     parser.add_argument("--depth", type=int, default=None,
-                        help="estimate with this many transformer blocks (a quick smoke run; not the real figures)")
+                        help="estimate with this many transformer blocks, each recipe's own setting only (a quick "
+                             "smoke run; not the real figures)")
     parser.add_argument("--child", nargs=4, metavar=("FAMILY", "DEVICE", "CKPT", "OFFLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
