@@ -47,6 +47,7 @@ def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_pa
     assert not torch.equal(anchor[-1], s_full.lora[-1])  # the anchor really lags the trained weights
 
 
+@pytest.mark.slow
 def test_fsdp_trains_the_lora_the_unsharded_run_trains(tmp_path):
     # 2 optimizer steps an epoch, so the old policy's and the anchor's weight swaps run on the sharded transformer
     sharded_beside_plain(tmp_path, ["sampling.num_steps=4", *AWM])

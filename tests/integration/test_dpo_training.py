@@ -45,6 +45,7 @@ def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_pa
     assert [r["optimizer_step"] for r in full.history] == [2, 4, 6, 8]
 
 
+@pytest.mark.slow
 def test_fsdp_trains_the_lora_the_unsharded_run_trains(tmp_path):
     # one group of 4 images per worker, one pair per micro-batch: the reference forward with the adapter disabled
     # runs on the sharded transformer

@@ -37,6 +37,7 @@ def trained(services, tmp_path_factory):
     return config, result.lora_uri, result.history, name
 
 
+@pytest.mark.slow
 def test_same_lora_and_seeds_give_the_same_numbers_and_the_lora_beats_its_base(trained, env, tmp_path):
     config, lora, history, _ = trained
     a = evaluate(config, config.evaluation_rewards(), EVAL, lora, tmp_path / "a", history=history, log=_quiet)

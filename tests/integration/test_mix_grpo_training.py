@@ -52,5 +52,6 @@ def test_resume_gives_the_same_lora_as_an_uninterrupted_run(small_config, tmp_pa
     assert [_trained_steps(row) for row in full.history] == [[0, 1], [1, 2], [2, 3], [3]]
 
 
+@pytest.mark.slow
 def test_fsdp_trains_the_lora_the_unsharded_run_trains(tmp_path):
     sharded_beside_plain(tmp_path, ["train.beta=0.04", *MOVING, *SOLVERS["flash"]])  # KL on; Flash

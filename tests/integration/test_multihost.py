@@ -200,6 +200,7 @@ def reference(world: World) -> dict:
             "wall_s": time.monotonic() - started}
 
 
+@pytest.mark.slow
 def test_one_worker_per_host_over_the_network_equals_one_process(world: World, reference: dict, tmp_path):
     (placement,) = _placements(reference["log"])
     worker_hosts = {h.address for h in world.cluster.hosts[1:]}
@@ -235,6 +236,7 @@ def test_one_worker_per_host_over_the_network_equals_one_process(world: World, r
     assert _mlflow_steps(world, "reference") == list(range(1, EPOCHS + 1))
 
 
+@pytest.mark.slow
 def test_fsdp_across_hosts_equals_the_unsharded_run(world: World, reference: dict):
     rayjob = world.rayjob("fsdp", "train.sharding=fsdp", "train.epochs=2")
     proc, log = _launch(world, rayjob, "fsdp")
@@ -257,6 +259,7 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_worker_host_killed_mid_epoch_and_back_resumes_and_ends_bit_identical(world: World, reference: dict):
     rayjob = world.rayjob("killed")
     proc, log = _launch(world, rayjob, "killed")
@@ -286,6 +289,7 @@ def test_a_worker_host_killed_mid_epoch_and_back_resumes_and_ends_bit_identical(
     assert _mlflow_steps(world, "killed") == list(range(1, EPOCHS + 1))
 
 
+@pytest.mark.slow
 def test_a_partition_times_out_the_collective_and_a_host_that_stays_away_stops_the_run(world: World, reference: dict):
     rayjob = world.rayjob("partition")
     config = world.config("partition")
@@ -331,6 +335,7 @@ def test_a_partition_times_out_the_collective_and_a_host_that_stays_away_stops_t
     assert _mlflow_steps(world, "partition") == list(range(1, EPOCHS + 1))
 
 
+@pytest.mark.slow
 def test_the_head_host_lost_and_the_same_run_submitted_again_resumes_bit_identical(world: World, reference: dict):
     rayjob = world.rayjob("head")
     proc, log = _launch(world, rayjob, "head")

@@ -43,6 +43,7 @@ def _lines():
     return lines, lines.append
 
 
+@pytest.mark.slow
 def test_one_worker_equals_one_process_and_two_workers_see_the_same_first_epoch(tmp_path, capfd):
     config = load_config(TINY_CONFIG, [*SMALL, "train.epochs=2", "train.checkpoint_every=1"])
     _, log = _lines()
@@ -91,6 +92,7 @@ def _train_workers() -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_two_workers_learn_into_s3_and_mlflow_and_a_killed_worker_resumes_from_the_last_checkpoint(services, env):
     s3, mlflow = services
     experiment = f"ray-{uuid.uuid4().hex[:6]}"

@@ -169,6 +169,7 @@ def _peak_rss_under_traffic(tmp_path: Path, concurrent: int, requests: int = 48)
     return baseline, peak
 
 
+@pytest.mark.slow
 def test_concurrent_small_requests_of_large_images_stay_within_the_memory_the_limits_allow(tmp_path):
     image_mib = SIDE * SIDE * 3 / 2**20
     # per request holding images: its decoded images twice (the list and the stacked batch) plus Pillow's copy,

@@ -93,6 +93,7 @@ def _assert_stopped_cleanly(out: Path, rc: int, stderr: str, port: int) -> None:
     assert latest is not None and ckpt.read_checkpoint(latest).epoch >= 1
 
 
+@pytest.mark.slow
 def test_a_frozen_server_stops_the_run_within_the_window(small_config, tmp_path):
     port, window = free_port(), 3
     with _server(port) as server:
@@ -130,6 +131,7 @@ def test_a_killed_server_stops_sampling_when_the_window_ends(small_config, tmp_p
                           f"{batch_s:.2f} s batch + {EXIT_S} s), epoch sampling {sampling_s:.1f} s")
 
 
+@pytest.mark.slow
 def test_a_server_back_late_in_the_window_is_used_and_costs_nothing(small_config, tmp_path):
     """A server restarted on its port at 2/3 of the window is used: every request keeps trying until its window
     has truly elapsed, and the run finishes exactly as an undisturbed run, no sample lost. (The old rule gave up

@@ -39,6 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", FAMILIES)
 def test_fsdp_shards_the_frozen_weights_and_keeps_the_lora_whole(runs, kind):
     layout = json.loads((runs / kind / LAYOUT_FILE).read_text())
@@ -76,6 +77,7 @@ def test_a_checkpoint_written_sharded_resumes_unsharded_and_the_reverse(runs, ki
         assert _same_rows(_metrics(run), _metrics(reference)), resumed
 
 
+@pytest.mark.slow
 def test_compiled_blocks_with_checkpointing_train_sharded_as_the_plain_eager_run(runs, tmp_path):
     run_in_process_group(compiled_sharded_run, 2, str(tmp_path), "tiny-sd3")
     plain_run = runs / "tiny-sd3" / "plain"  # continued to a third epoch: its first two are the reference

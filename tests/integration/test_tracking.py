@@ -198,6 +198,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_kill_mid_checkpoint_upload_then_resume_matches_an_uninterrupted_run(services, env, tmp_path):
     s3, mlflow = services
     experiment = f"e-{uuid.uuid4().hex[:6]}"
@@ -385,6 +386,7 @@ def _one_error(proc: subprocess.CompletedProcess, *secrets: str) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_wrong_credentials_and_missing_bucket_stop_the_run_with_one_clear_line(services, env, tmp_path):
     s3, _ = services
     base = {**os.environ, **env}

@@ -30,6 +30,7 @@ def judge(server, **args) -> VLMJudge:
                                  **args))
 
 
+@pytest.mark.slow
 def test_server_lists_the_tiny_model(vllm_server):
     listing = httpx.get(f"{vllm_server.base_url}/models", timeout=30).json()
     assert [m["id"] for m in listing["data"]] == [vllm_server.model]
