@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -214,14 +215,30 @@ def test_help_explains_the_commands():
     assert "--resume" in proc.stdout and "key.sub=value" in proc.stdout
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Callable[[int], tuple[Path, subprocess.CompletedProcess]]:
+    """`flowgrpo train` of the tiny config for 14 epochs with a seed, trained once per seed for this module's tests
+    (the evaluate command's test evaluates seed 0's LoRA)."""
+    runs: dict[int, tuple[Path, subprocess.CompletedProcess]] = {}
+
+    def run(seed: int) -> tuple[Path, subprocess.CompletedProcess]:
+        if seed not in runs:
+            out = tmp_path_factory.mktemp(f"tiny-seed{seed}")
+            runs[seed] = out, flowgrpo("train", "--config", "tiny-cpu", "--output", str(out), f"seed={seed}",
+                                       "train.epochs=14")
+        return runs[seed]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_tiny_config_learns_for_every_seed(tmp_path, seed):
+def test_tiny_config_learns_for_every_seed(tiny_run, seed):
     """The acceptance criterion: last-3-epoch mean > first mean + first per-sample std / 2, in 14 of the config's
     40 epochs (seeds 0, 1, 2 pass it by epochs 6, 10 and 10, and stand 1.9, 1.7 and 1.4 first-epoch stds up at 14)."""
-    proc = flowgrpo("train", "--config", "tiny-cpu", "--output", str(tmp_path), f"seed={seed}", "train.epochs=14")
+    out, proc = tiny_run(seed)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last3 = rows[0], [r["reward/mean"] for r in rows[-3:]]
     threshold = first["reward/mean"] + first["reward/std"] / 2
     assert sum(last3) / 3 > threshold, (first, last3)
@@ -229,7 +246,7 @@ def test_tiny_config_learns_for_every_seed(tmp_path, seed):
     printed = float(re.search(r"trend ([-+.e0-9]+)/epoch", proc.stdout).group(1))
     assert "LEARNED" in proc.stdout and printed == pytest.approx(slope, rel=5e-3)
     assert f"first epoch {first['reward/mean']:.4g}" in proc.stdout
-    assert (tmp_path / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    assert (out / "lora" / "pytorch_lora_weights.safetensors").is_file()
 
 
 @pytest.mark.parametrize("entry", [["pipeline.cli", "reward-server"], ["components.reward_server"]])
@@ -289,13 +306,11 @@ def test_reward_server_config_errors_name_file_and_line(tmp_path):
     assert "does not exist" in _error_line(flowgrpo("reward-server", "--config", str(tmp_path / "nope.yaml")))
 
 
-def test_evaluate_command_writes_eval_json_and_report_and_checks_its_arguments(tmp_path):
-    run = tmp_path / "run"
-    proc = flowgrpo("train", "--config", "tiny-cpu", "--output", str(run), "train.epochs=2",
-                    "sampling.prompts_per_epoch=2", "sampling.num_steps=4")
+def test_evaluate_command_writes_eval_json_and_report_and_checks_its_arguments(tiny_run, tmp_path):
+    run, proc = tiny_run(0)
     assert proc.returncode == 0, proc.stderr[-3000:]
     args = ["--config", "tiny-cpu", "--lora", str(run / "lora"), "eval.max_prompts=2", "eval.images_per_prompt=1",
-            "sampling.eval_num_steps=4", "sampling.prompts_per_epoch=2", "sampling.num_steps=4"]
+            "sampling.eval_num_steps=4"]
     proc = flowgrpo("evaluate", "--output", str(tmp_path / "eval"), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "eval.json").read_text())

@@ -1,7 +1,7 @@
 """`flowgrpo run --local`: the whole pipeline under kfp.local with real SeaweedFS, MLflow, reward server and
-Ray; then what it left (S3 objects, MLflow runs, the registered model, the report), the cached dataset step
-on a second run, SIGTERM, a kill -9 (nothing of the run trains on), and a failing training step that still tears
-the reward server down."""
+Ray; then what it left (S3 objects, MLflow runs, the registered model, the report, read back as a user behind AWS
+SSO), the cached dataset step on a second run, SIGTERM, a kill -9 (nothing of the run trains on), and a failing
+training step that still tears the reward server down."""
 
 # No `from __future__ import annotations`: kfp reads the test components' annotations as types.
 import contextlib
@@ -25,8 +25,9 @@ from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.local_run import BUCKET, _following_kfp_local, _Progress, local_services
 
 pytestmark = pytest.mark.slow
-CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "sampling.num_steps=6",
-          "sampling.eval_num_steps=6", "eval.max_prompts=16"]
+# Small shapes: each test asserts what the steps leave and how a run stops, not how much it learns.
+CONFIG = ["train.epochs=3", "train.checkpoint_every=2", "tracking.sample_every=1", "tracking.sample_images=4",
+          "sampling.prompts_per_epoch=4", "sampling.num_steps=6", "sampling.eval_num_steps=6", "eval.max_prompts=16"]
 REGISTERED = load_config(DEFAULT_CONFIG).tracking.registered_model  # the default run registers its LoRA there
 STEPS = ["prepare-dataset", "deploy-reward-server", "train", "evaluate", "register", "teardown"]
 
@@ -105,30 +106,7 @@ def test_progress_lines_come_from_kfp_local_task_events(tmp_path):
     assert (task_executor.execute_single_task, subprocess_task_handler.SubprocessTaskHandler.run) == hooked
 
 
-def test_the_local_services_and_steps_take_none_of_an_sso_users_aws(tmp_path, monkeypatch):
-    """A user behind AWS SSO or an assumed role has a session token and a profile set all the time; the local S3
-    refuses a token it did not issue (before: InvalidAccessKeyId, then StorageAuthError 403 in prepare-dataset).
-    The environment `run --local` gives its steps (here a step's process) and its MLflow server's artifact proxy
-    reach SeaweedFS with its own keys alone; the user's AWS is back afterwards."""
-    sso_user(monkeypatch, tmp_path)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    from mlflow import MlflowClient
-
-    with local_services(tmp_path / "wd", log=lambda line: None) as env, patched_environ(env):
-        step = subprocess.run([sys.executable, "-c", (
-            "from components import storage\n"
-            f"storage.put_bytes(b'from a step', 's3://{BUCKET}/probe/x')\n"
-            f"print(storage.get_bytes('s3://{BUCKET}/probe/x').decode())\n")],
-            capture_output=True, text=True, timeout=120)
-        assert (step.returncode, step.stdout.strip()) == (0, "from a step"), step.stderr[-2000:]
-        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-        run = client.create_run(client.create_experiment("sso-user"))
-        client.log_text(run.info.run_id, "through the artifact proxy", "note.txt")  # the server writes to S3
-        assert [f.path for f in client.list_artifacts(run.info.run_id)] == ["note.txt"]
-    assert {name: os.environ[name] for name in SSO_ENV} == SSO_ENV
-
-
-def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_run):
+def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_run, tmp_path, monkeypatch):
     workdir, done = first_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
@@ -165,12 +143,29 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
     assert _processes_under(workdir) == []
     assert not list(workdir.glob("tmp-*")) and not list((workdir / "reward-servers").glob("*.json"))
 
-    # Serve the state again (as `flowgrpo ui` does) and look at what the run left.
+    # Serve the state again (as `flowgrpo ui` does) and look at what the run left, as a user behind AWS SSO or an
+    # assumed role, who has a session token and a profile set all the time. The local S3 refuses a token it did not
+    # issue (before: InvalidAccessKeyId, then StorageAuthError 403 in prepare-dataset): the environment `run --local`
+    # gives its steps (here a step's process) and its MLflow server's artifact proxy reach SeaweedFS with its own
+    # keys alone; the user's AWS is back afterwards.
+    sso_user(monkeypatch, tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     from mlflow import MlflowClient
 
     from components import storage
 
     with local_services(workdir) as env, patched_environ(env):
+        step = subprocess.run([sys.executable, "-c", (
+            "from components import storage\n"
+            f"storage.put_bytes(b'from a step', 's3://{BUCKET}/probe/x')\n"
+            f"print(storage.get_bytes('s3://{BUCKET}/probe/x').decode())\n")],
+            capture_output=True, text=True, timeout=120)
+        assert (step.returncode, step.stdout.strip()) == (0, "from a step"), step.stderr[-2000:]
+        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+        probe = client.create_run(client.create_experiment("sso-user"))
+        client.log_text(probe.info.run_id, "through the artifact proxy", "note.txt")  # the server writes to S3
+        assert [f.path for f in client.list_artifacts(probe.info.run_id)] == ["note.txt"]
+
         run_root = lora[: -len("/lora")]
         keys = {k[len(run_root) + 1:] for k in storage.list_uris(run_root)}
         assert {"metrics.jsonl", "config.yaml", "checkpoints/latest", "checkpoints/epoch-000002/_MANIFEST.json",
@@ -182,7 +177,6 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         assert f"path: s3://{BUCKET}/datasets/" in config  # trained on the prepared dataset
         assert "url: http://127.0.0.1:" in config  # scored over HTTP by the run's reward server
 
-        client = MlflowClient(env["MLFLOW_TRACKING_URI"])
         parent_id = re.search(r"/runs/(\w+)\?", printed["MLflow run"]).group(1)
         parent = client.get_run(parent_id)
         assert parent.info.status == "FINISHED"
@@ -234,6 +228,7 @@ def test_run_local_runs_every_step_and_leaves_everything_in_s3_and_mlflow(first_
         model_files = storage.list_uris(f"s3://{BUCKET}/mlflow")
         assert any(k.endswith("MLmodel") for k in model_files)  # the registered model's artifacts are in S3
         assert any(k.endswith("pytorch_lora_weights.safetensors") for k in model_files)
+    assert {name: os.environ[name] for name in SSO_ENV} == SSO_ENV
 
 
 def _readme_snippet() -> str:
@@ -324,8 +319,9 @@ def test_a_run_killed_outright_stops_its_steps_and_its_ray_and_leaves_no_scratch
 
     workdir, done = first_run
     assert done.returncode == 0
-    proc = subprocess.Popen(_flowgrpo(workdir, *CONFIG, "train.epochs=50"), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_clean_env())
+    # No sample grids: the first epoch line comes with the least work before it.
+    proc = subprocess.Popen(_flowgrpo(workdir, *CONFIG, "train.epochs=50", "tracking.sample_every=0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_clean_env())
     ref, scratch = ProcessRef.of(proc.pid), []
     try:
         lines = []
@@ -419,10 +415,13 @@ def test_ui_serves_mlflow_with_images_over_the_local_state(first_run):
 
 
 def test_run_local_with_a_tiny_flux_config(first_run):
-    """The pipeline is family-agnostic: the tiny FLUX.1 config runs every step (in-process training)."""
+    """The pipeline is family-agnostic: the tiny FLUX.1 config runs every step (in-process training). One epoch of
+    16 samples trains the LoRA; the default run above shows the epochs, checkpoints and grids."""
     workdir, _ = first_run
     done = subprocess.run(_flowgrpo(workdir, "--ray-workers", "0", "--config", "pipeline/configs/tiny-flux-cpu.yaml",
-                                    *CONFIG), capture_output=True, text=True, timeout=600, env=_clean_env(),
+                                    *CONFIG, "train.epochs=1", "sampling.prompts_per_epoch=2",
+                                    "tracking.sample_every=0"),
+                          capture_output=True, text=True, timeout=600, env=_clean_env(),
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [m.group(1) for m in re.finditer(r"^✓ (\S+)", done.stdout, re.M)] == STEPS
