@@ -23,9 +23,9 @@ from components.models.qwenimage.tiny_edit import build_tiny_qwenimage_edit
 
 RES, G, NEGATIVE = 128, 4.0, " "  # 128 px: 2x2 tokens of the 32x-downsampling tiny VAE
 PROMPTS = ["make the square red", "remove the blue circle on the left of the picture"]
-# the learning run: ~4 s an epoch on a quiet 2-core machine; the config's epochs 1 -> 18..20 rose 0.537 -> 0.542
-# (first std 0.0041: 2.4x the rise asked), 1 -> 28..30 to 0.544
-LEARN_EPOCHS = 20
+# the learning run: ~5 s an epoch on one quiet core; epochs 1 -> 12..14 of the config rose 0.588 -> 0.595 (first
+# std 0.005: 3x the rise asked), 1 -> 18..20 to 0.608
+LEARN_EPOCHS = 14
 LORA = LoRAConfig(target_modules=["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
                                   "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out", "img_mlp.net.0.proj",
                                   "img_mlp.net.2", "proj_out"])
@@ -166,11 +166,12 @@ def test_step_log_prob_with_the_image_conditioning_equals_a_float64_transcriptio
         np.testing.assert_allclose(mean.detach().double().numpy(), expected_mean.numpy(), atol=1e-5)
         np.testing.assert_allclose(log_prob.detach().double().numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(rollout.log_probs[:, t].double().numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
-    # the comparison tells the conditioning apart: another sample's input image, or no CFG, moves the mean
+    # the comparison tells the conditioning apart: another sample's input image, or no CFG, moves the mean past 10x
+    # its tolerance (the random 4-channel VAE gives the two inputs' latents ~1e-3 apart)
     t = st.train_steps[0]
     expected_mean, _ = transition(t, G)
     tokens.reverse()
-    assert (transition(t, G)[0] - expected_mean).abs().max() > 1e-3
+    assert (transition(t, G)[0] - expected_mean).abs().max() > 1e-4
     tokens.reverse()
     assert (transition(t, 1.0)[0] - expected_mean).abs().max() > 1e-3
 
