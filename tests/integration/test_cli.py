@@ -306,6 +306,7 @@ def test_reward_server_config_errors_name_file_and_line(tmp_path):
     assert "does not exist" in _error_line(flowgrpo("reward-server", "--config", str(tmp_path / "nope.yaml")))
 
 
+@pytest.mark.slow
 def test_evaluate_command_writes_eval_json_and_report_and_checks_its_arguments(tiny_run, tmp_path):
     run, proc = tiny_run(0)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -62,6 +62,7 @@ def _pipeline_images(model, images: list[Image.Image], noise: torch.Tensor, g: f
     ])
 
 
+@pytest.mark.slow
 def test_ode_sampling_through_the_adapter_matches_the_pipelines_own_call():
     """Condition image in the VL prompt (negative included), VAE latents appended with their img_shapes, the
     output sliced to the noisy tokens, true CFG with the norm rescale: as QwenImageEditPlusPipeline does."""

@@ -85,6 +85,7 @@ def _run_of(client: MlflowClient, experiment: str):
     return run
 
 
+@pytest.mark.slow
 def test_tiny_run_lands_in_s3_and_mlflow_and_registers_a_working_model(services, env):
     s3, mlflow = services
     prefix = f"runs/{uuid.uuid4().hex[:8]}"
@@ -399,6 +400,7 @@ def test_wrong_credentials_and_missing_bucket_stop_the_run_with_one_clear_line(s
     assert "no-such-bucket-here" in line and "bucket" in line.lower()
 
 
+@pytest.mark.slow
 def test_unreachable_mlflow_is_one_clear_line_and_not_fatal(services, env, tmp_path):
     (port,) = free_ports(1)
     proc = _flowgrpo({**os.environ, **env, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}",
